@@ -1,0 +1,54 @@
+"""fairlane tenancy layer: tenant config, API-key auth, quotas, fair-share queue, state stores."""
+
+from tenancy.admission import QuotaManager
+from tenancy.auth import Authenticator, parse_bearer
+from tenancy.config import FairShareSettings, Quotas, SLAClass, TenancyConfig, Tenant
+from tenancy.errors import (
+    AuthenticationError,
+    DuplicateRequestError,
+    QueueFull,
+    QuotaExceeded,
+    RequestLimitExceeded,
+    TenancyConfigError,
+    TenancyError,
+    UnknownTenantError,
+)
+from tenancy.keys import hash_api_key
+from tenancy.lease import Lease
+from tenancy.loader import DEMO_ADMIN_KEY, DEMO_KEYS, default_tenancy_config, load_tenancy_config
+from tenancy.memory_store import MemoryQuotaStore
+from tenancy.ratelimit_headers import RateLimitState, format_reset, ratelimit_headers
+from tenancy.store import AcquireResult, LimitSpec, QuotaStore, SyncQuotaStore
+
+__all__ = [
+    "DEMO_ADMIN_KEY",
+    "DEMO_KEYS",
+    "AcquireResult",
+    "AuthenticationError",
+    "Authenticator",
+    "DuplicateRequestError",
+    "FairShareSettings",
+    "Lease",
+    "LimitSpec",
+    "MemoryQuotaStore",
+    "QueueFull",
+    "QuotaExceeded",
+    "QuotaManager",
+    "QuotaStore",
+    "Quotas",
+    "RateLimitState",
+    "RequestLimitExceeded",
+    "SLAClass",
+    "SyncQuotaStore",
+    "TenancyConfig",
+    "TenancyConfigError",
+    "TenancyError",
+    "Tenant",
+    "UnknownTenantError",
+    "default_tenancy_config",
+    "format_reset",
+    "hash_api_key",
+    "load_tenancy_config",
+    "parse_bearer",
+    "ratelimit_headers",
+]

@@ -1,0 +1,135 @@
+"""Tenant and SLA-class configuration: pydantic models validated once at start, then immutable."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tenancy.errors import UnknownTenantError
+
+KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
+TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_KEY_HASH_RE = re.compile(KEY_HASH_PATTERN)
+
+KeyHash = Annotated[str, Field(pattern=KEY_HASH_PATTERN, description="sha256 of an API key, 'sha256:<hex>'.")]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Quotas(_Frozen):
+    """Rate, concurrency and size limits of one tenant."""
+
+    requests_per_minute: int = Field(gt=0, description="Token-bucket size and per-minute refill of requests.")
+    tokens_per_minute: int = Field(
+        gt=0, description="Token-bucket size and per-minute refill of tokens (prompt + output)."
+    )
+    max_concurrent_requests: int = Field(gt=0, description="Requests admitted and not yet ended, at most.")
+    max_tokens_per_request: int = Field(gt=0, description="Largest max_tokens (output) of one request.")
+    max_context_length: int = Field(gt=0, description="Largest prompt + max_tokens of one request.")
+    daily_token_budget: int | None = Field(
+        default=None, gt=0, description="Tokens (prompt + output) per UTC day; None for no budget."
+    )
+
+    @model_validator(mode="after")
+    def _output_fits_context(self) -> Quotas:
+        if self.max_tokens_per_request > self.max_context_length:
+            raise ValueError("max_tokens_per_request must not exceed max_context_length")
+        return self
+
+
+class Tenant(_Frozen):
+    """One tenant: identity, API keys (hashed), fair-share weight, SLA class and quotas."""
+
+    id: str = Field(pattern=TENANT_ID_PATTERN, description="Stable tenant id (letters, digits, _ . -).")
+    display_name: str = Field(min_length=1, max_length=200, description="Human-readable name.")
+    api_key_hashes: tuple[KeyHash, ...] = Field(
+        min_length=1, description="Hashes of the tenant's API keys ('sha256:<hex>'); never plaintext keys."
+    )
+    weight: float = Field(gt=0, le=1e6, description="Fair-share weight: relative share of service when busy.")
+    sla_class: str = Field(min_length=1, description="Name of the tenant's SLA class.")
+    quotas: Quotas = Field(description="Rate, concurrency and size limits.")
+    cost_per_million_tokens: float | None = Field(
+        default=None, ge=0, description="Price billed per million tokens (USD), if the tenant is billed."
+    )
+
+
+class SLAClass(_Frozen):
+    """A service class: its urgency tier and latency targets."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="Class name referenced by tenants.")
+    priority_tier: int = Field(ge=0, le=100, description="Urgency: 0 is the most urgent; larger is laxer.")
+    ttft_target_s: float = Field(gt=0, description="Time-to-first-token target in seconds.")
+    tpot_target_s: float = Field(gt=0, description="Time-per-output-token target in seconds.")
+    e2e_target_s: float = Field(gt=0, description="End-to-end latency target in seconds.")
+    may_preempt_lower_tiers: bool = Field(
+        default=False, description="Whether at-risk requests of this class jump ahead of laxer tiers."
+    )
+
+
+class FairShareSettings(_Frozen):
+    """Bounds of the waiting queue and the SLA at-risk margin."""
+
+    max_queue_per_tenant: int = Field(default=256, gt=0, description="Waiting requests per tenant, at most.")
+    max_queue_total: int = Field(default=10_000, gt=0, description="Waiting requests overall, at most.")
+    at_risk_margin_s: float = Field(
+        default=0.05, ge=0, description="Seconds before the TTFT deadline when a request is at risk."
+    )
+    at_risk_margin_fraction: float = Field(
+        default=0.25, ge=0, le=1, description="Extra margin as a fraction of the class's TTFT target."
+    )
+
+
+class TenancyConfig(_Frozen):
+    """The whole tenancy configuration, checked across objects."""
+
+    sla_classes: tuple[SLAClass, ...] = Field(min_length=1, description="Available SLA classes.")
+    tenants: tuple[Tenant, ...] = Field(description="Configured tenants.")
+    admin_key_hash: KeyHash = Field(description="Hash of the admin API key ('sha256:<hex>').")
+    gpu_dollars_per_hour: float = Field(default=5.0, ge=0, description="GPU price for cost reports (USD/h).")
+    fair_share: FairShareSettings = Field(
+        default_factory=FairShareSettings, description="Queue bounds and SLA margin."
+    )
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> TenancyConfig:
+        _unique([c.name for c in self.sla_classes], "sla_classes", "name")
+        _unique([t.id for t in self.tenants], "tenants", "id")
+        names = {c.name for c in self.sla_classes}
+        for i, tenant in enumerate(self.tenants):
+            if tenant.sla_class not in names:
+                raise ValueError(f"tenants.{i}.sla_class: unknown SLA class {tenant.sla_class!r}")
+        hashes = [h for t in self.tenants for h in t.api_key_hashes] + [self.admin_key_hash]
+        _unique(hashes, "tenants", "api_key_hashes (across tenants and admin_key_hash)")
+        return self
+
+    @cached_property
+    def tenants_by_id(self) -> Mapping[str, Tenant]:
+        return {t.id: t for t in self.tenants}
+
+    @cached_property
+    def classes_by_name(self) -> Mapping[str, SLAClass]:
+        return {c.name: c for c in self.sla_classes}
+
+    def tenant(self, tenant_id: str) -> Tenant:
+        found = self.tenants_by_id.get(tenant_id)
+        if found is None:
+            raise UnknownTenantError(tenant_id)
+        return found
+
+    def sla_class_of(self, tenant_id: str) -> SLAClass:
+        return self.classes_by_name[self.tenant(tenant_id).sla_class]
+
+
+def _unique(values: list[str], where: str, what: str) -> None:
+    seen: set[str] = set()
+    for i, value in enumerate(values):
+        if value in seen:
+            shown = "<hash>" if _KEY_HASH_RE.match(value) else repr(value)
+            raise ValueError(f"{where}.{i}.{what}: duplicate value {shown}")
+        seen.add(value)

@@ -1,0 +1,93 @@
+"""Typed errors of the tenancy layer. The router maps each to an HTTP status (see ``status_code``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+QuotaReason = Literal["rpm", "tpm", "concurrency", "daily_budget"]
+QueueScope = Literal["tenant", "total"]
+
+
+class TenancyError(Exception):
+    """Base class of every error raised by ``tenancy``."""
+
+    status_code: int = 500
+
+
+class TenancyConfigError(TenancyError, ValueError):
+    """The tenancy configuration is invalid; ``problems`` lists ``"field.path: message"`` lines."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message if not problems else f"{message}:\n  " + "\n  ".join(problems))
+        self.problems = problems
+
+
+class AuthenticationError(TenancyError):
+    """Missing or unknown API key (HTTP 401). The key itself is never part of the message."""
+
+    status_code = 401
+
+    def __init__(self, reason: Literal["missing", "invalid"]) -> None:
+        super().__init__(f"authentication failed: {reason} API key")
+        self.reason = reason
+
+
+class UnknownTenantError(TenancyError, KeyError):
+    """A tenant id that the configuration does not define (a programming error upstream)."""
+
+    def __init__(self, tenant_id: str) -> None:
+        super().__init__(f"unknown tenant {tenant_id!r}")
+        self.tenant_id = tenant_id
+
+
+class QuotaExceeded(TenancyError):
+    """A rate or concurrency quota refused the request (HTTP 429).
+
+    ``retry_after`` is in seconds; ``headers`` holds the six OpenAI ``x-ratelimit-*`` headers plus
+    ``retry-after`` (whole seconds, rounded up), ready to attach to the response.
+    """
+
+    status_code = 429
+
+    def __init__(
+        self, tenant_id: str, reason: QuotaReason, retry_after: float, headers: dict[str, str]
+    ) -> None:
+        super().__init__(f"tenant {tenant_id!r} is over its {reason} quota; retry after {retry_after:.3f}s")
+        self.tenant_id = tenant_id
+        self.reason: QuotaReason = reason
+        self.retry_after = retry_after
+        self.headers = headers
+
+
+class RequestLimitExceeded(TenancyError):
+    """One request is larger than a per-request limit allows (HTTP 400); ``limit`` names the limit."""
+
+    status_code = 400
+
+    def __init__(self, tenant_id: str, limit: str, value: int, maximum: int) -> None:
+        super().__init__(f"request of tenant {tenant_id!r} exceeds {limit}: {value} > {maximum}")
+        self.tenant_id = tenant_id
+        self.limit = limit
+        self.value = value
+        self.maximum = maximum
+
+
+class QueueFull(TenancyError):
+    """The waiting queue is full for this tenant (``scope="tenant"``) or overall (``"total"``) (HTTP 429)."""
+
+    status_code = 429
+
+    def __init__(self, tenant_id: str, scope: QueueScope, limit: int, retry_after: float = 1.0) -> None:
+        super().__init__(f"queue full ({scope} limit {limit}) for tenant {tenant_id!r}")
+        self.tenant_id = tenant_id
+        self.scope: QueueScope = scope
+        self.limit = limit
+        self.retry_after = retry_after
+
+
+class DuplicateRequestError(TenancyError, ValueError):
+    """A request id that is already waiting in the fair queue was pushed again."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request {request_id!r} is already queued")
+        self.request_id = request_id
