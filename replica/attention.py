@@ -1,0 +1,101 @@
+"""Paged attention over the block-table KV cache: the plain torch reference.
+
+The cache of one layer is two tensors [num_blocks, block_size, kv_heads, head_dim]. A step's tokens
+are flattened: the decode rows (one query each) come first, then each prefill chunk. This reference
+gathers a sequence's blocks into a contiguous view before calling SDPA; faster backends for CUDA
+read the blocks in place and must give the same result (tests compare them against this one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's chunk of new tokens in a step: rows [q_start, q_start + q_len) of the batch."""
+
+    q_start: int
+    q_len: int
+    context_len: int  # tokens in the cache after this chunk (earlier ones + the chunk)
+    block_table: torch.Tensor  # [num_blocks_of_seq] int64, on the device
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each new token's keys go and what each query may attend to."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] flat cache slot of each new token
+    num_decode: int  # the first num_decode rows are single-token decodes
+    decode_block_tables: torch.Tensor  # [num_decode, max_blocks] (padded with block 0)
+    decode_context_lens: torch.Tensor  # [num_decode]
+    prefills: list[PrefillChunk]
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store the new tokens' keys and values at their slots."""
+    heads, dim = k_cache.shape[-2:]
+    k_cache.view(-1, heads, dim).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, heads, dim).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Attention for every row of q [num_tokens, heads, head_dim]; keys and values come from the cache."""
+    out = torch.empty_like(q)
+    nd = meta.num_decode
+    if nd:
+        out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+    for chunk in meta.prefills:
+        rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
+        out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
+    return out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence, batched: gather each sequence's blocks, mask the padding."""
+    batch = q.shape[0]
+    keys = k_cache[block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, L, D]
+    values = v_cache[block_tables].flatten(1, 2).transpose(1, 2)
+    length = keys.shape[2]
+    visible = torch.arange(length, device=q.device)[None, :] < context_lens[:, None]  # [B, L]
+    out = F.scaled_dot_product_attention(
+        q.view(batch, -1, 1, q.shape[-1]).to(keys.dtype),
+        keys,
+        values,
+        attn_mask=visible[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.view(batch, -1, q.shape[-1]).to(q.dtype)
+
+
+def prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk, scale: float
+) -> torch.Tensor:
+    """A chunk of queries of one sequence attending causally to its whole context."""
+    ctx, q_len = chunk.context_len, chunk.q_len
+    block_size = k_cache.shape[1]
+    table = chunk.block_table[: -(-ctx // block_size)]
+    keys = k_cache[table].flatten(0, 1)[:ctx].transpose(0, 1)  # [kv_heads, ctx, D]
+    values = v_cache[table].flatten(0, 1)[:ctx].transpose(0, 1)
+    queries = q.transpose(0, 1).to(keys.dtype)  # [heads, q_len, D]
+    if ctx == q_len:
+        out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        # Query i sits at position ctx - q_len + i and sees every key up to it.
+        query_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
+        mask = torch.arange(ctx, device=q.device)[None, :] <= query_pos
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1).to(q.dtype)

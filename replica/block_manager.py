@@ -1,0 +1,52 @@
+"""Paged KV cache bookkeeping: fixed-size blocks, a free list, per-sequence block tables.
+
+Block 0 is reserved and never handed out: padded rows (CUDA graph batches) write their keys there,
+so a padded row can never corrupt a live sequence's cache.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class BlockManager:
+    """Hands out KV blocks. The scheduler asks `can_allocate` before it calls `allocate`."""
+
+    NULL_BLOCK = 0
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: deque[int] = deque(range(1, num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_used(self) -> int:
+        return self.num_usable - self.num_free
+
+    def blocks_needed(self, table: list[int], num_tokens: int) -> int:
+        """Blocks to add to `table` so that it holds `num_tokens` tokens."""
+        want = -(-num_tokens // self.block_size)
+        return max(0, want - len(table))
+
+    def can_allocate(self, count: int) -> bool:
+        return count <= len(self._free)
+
+    def allocate(self, table: list[int], num_tokens: int) -> None:
+        """Grow `table` in place to hold `num_tokens` tokens. The caller checked `can_allocate`."""
+        count = self.blocks_needed(table, num_tokens)
+        if count > len(self._free):
+            raise RuntimeError(f"KV cache exhausted: need {count} blocks, {len(self._free)} free")
+        table.extend(self._free.popleft() for _ in range(count))
+
+    def free(self, table: list[int]) -> None:
+        """Return every block of `table` to the pool and empty it."""
+        self._free.extend(table)
+        table.clear()

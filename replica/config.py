@@ -1,0 +1,58 @@
+"""Engine configuration: a frozen dataclass validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from replica.errors import InvalidRequestError
+
+EngineMode = Literal["async", "sync"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that shapes one replica engine.
+
+    model: a preset name (see `replica.presets`) or a local Hugging Face model directory.
+    mode: "async" builds step N+1 before reading step N's tokens back; "sync" reads back after every
+    step (the baseline the benchmarks compare against).
+    """
+
+    model: str = "smollm2-135m"
+    device: str = "auto"  # "cpu", "cuda", "cuda:1" or "auto" (cuda when available)
+    dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on CUDA
+    random_weights: bool = False
+    mode: EngineMode = "async"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: from kv_cache_tokens (CPU) or free memory (CUDA)
+    kv_cache_tokens: int = 32768  # CPU cache size when num_kv_blocks is None
+    gpu_memory_fraction: float = 0.85  # share of free GPU memory for weights' neighbour, the KV cache
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # None: the model's own limit, capped at 8192
+    cuda_graphs: bool = True
+    weights_seed: int = 0
+    profile_history: int = 4096  # steps kept by the step profiler
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("async", "sync"):
+            raise InvalidRequestError(f"mode must be 'async' or 'sync', got {self.mode!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise InvalidRequestError(f"unknown dtype {self.dtype!r}")
+        positive = {
+            "block_size": self.block_size,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "profile_history": self.profile_history,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise InvalidRequestError(f"{name} must be positive, got {value}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise InvalidRequestError("num_kv_blocks must be at least 2 (block 0 is reserved)")
+        if not 0.0 < self.gpu_memory_fraction < 1.0:
+            raise InvalidRequestError("gpu_memory_fraction must be in (0, 1)")
+        if self.max_model_len is not None and self.max_model_len <= 1:
+            raise InvalidRequestError("max_model_len must be greater than 1")

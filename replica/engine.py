@@ -1,0 +1,213 @@
+"""The replica engine's public, asyncio-facing API.
+
+    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu"))
+    await engine.start()
+    async for out in engine.generate(prompt_ids, SamplingParams(max_tokens=32), request_id="r1"):
+        ...
+    await engine.stop()
+
+The step loop runs on a thread of its own (`EngineCore`), so a forward pass never blocks the event
+loop that streams tokens to clients. Requests enter through a thread-safe inbox; outputs come back
+in one batch per step through `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence as SeqOf
+
+import torch
+
+from replica.block_manager import BlockManager
+from replica.config import EngineConfig
+from replica.detokenizer import IncrementalDetokenizer
+from replica.engine_core import EngineCore, _Abort, _Add
+from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError, PromptTooLongError
+from replica.model_loader import LoadedModel, load_model
+from replica.model_runner import ModelRunner
+from replica.outputs import EngineStats, RequestMetrics, RequestOutput
+from replica.sampling_params import SamplingParams
+from replica.scheduler import Scheduler
+from replica.sequence import Sequence
+
+MAX_CONTEXT_CAP = 8192
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = _pick_device(config.device)
+        self.dtype = _pick_dtype(config.dtype, self.device)
+        self.loaded: LoadedModel | None = None
+        self.core: EngineCore | None = None
+        self.max_model_len = 0
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, asyncio.Queue] = {}
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self.core = await asyncio.to_thread(self._build_core)
+        self.core.deliver = self._deliver_threadsafe
+        self._thread = threading.Thread(target=self.core.run, name="fairlane-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        if self._thread is None:
+            return
+        self.core.stop()
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _build_core(self) -> EngineCore:
+        cfg = self.config
+        self.loaded = load_model(cfg.model, self.device, self.dtype, cfg.random_weights, cfg.weights_seed)
+        model_cfg = self.loaded.config
+        self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, model_cfg.max_position_embeddings)
+        num_blocks = cfg.num_kv_blocks or self._default_num_blocks()
+        blocks = BlockManager(num_blocks, cfg.block_size)
+        runner = ModelRunner(self.loaded.model, self.device, num_blocks, cfg.block_size)
+        scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        return EngineCore(runner, scheduler, self._eos_ids(), cfg.mode, cfg.profile_history)
+
+    def _default_num_blocks(self) -> int:
+        cfg = self.config
+        if self.device.type != "cuda":
+            return cfg.kv_cache_tokens // cfg.block_size + 1
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_block = ModelRunner.kv_bytes_per_block(self.loaded.model, cfg.block_size, self.dtype)
+        return max(2, int(free * cfg.gpu_memory_fraction) // per_block)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.loaded.config.eos_token_id, getattr(self.loaded.tokenizer, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return ids
+
+    # ---- requests --------------------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer if self.loaded else None
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError("this model has no chat template")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def generate(
+        self, prompt: SeqOf[int] | str, params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; leaving the loop early aborts it and frees its KV blocks."""
+        seq, detok = self._admit(prompt, params, request_id or uuid.uuid4().hex)
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[seq.request_id] = stream
+        self.core.inbox.put(_Add(seq, detok, RequestMetrics(arrival=seq.arrival)))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(seq.request_id, None)
+            if not finished:
+                self.core.inbox.put(_Abort(seq.request_id))
+
+    async def abort(self, request_id: str) -> None:
+        if self.core is not None:
+            self.core.inbox.put(_Abort(request_id))
+
+    def _admit(self, prompt, params: SamplingParams, request_id: str) -> tuple[Sequence, IncrementalDetokenizer | None]:
+        if not self.running:
+            raise EngineStoppedError("the engine is not running")
+        if request_id in self._streams:
+            raise DuplicateRequestError(f"request id {request_id!r} is already in flight")
+        ids = self._prompt_ids(prompt)
+        self._check_fits(len(ids), params.max_tokens)
+        seed = params.seed if params.seed is not None else random.getrandbits(32)
+        seq = Sequence(
+            request_id=request_id, tokens=ids, num_prompt=len(ids), params=params,
+            seed=(seed ^ (seed >> 32)) & 0xFFFFFFFF, arrival=time.monotonic(), max_len=self.max_model_len,
+        )
+        detok = None
+        if self.tokenizer is not None:
+            detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output)
+        elif params.stop:
+            raise InvalidRequestError("stop strings need a tokenizer; this model has none")
+        return seq, detok
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("this model has no tokenizer: send token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"token ids out of range [0, {vocab}): {bad[:5]}")
+        return ids
+
+    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        total = prompt_len + max_tokens
+        if total > self.max_model_len:
+            raise PromptTooLongError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the request asks for "
+                f"{total} ({prompt_len} in the prompt, {max_tokens} to generate)"
+            )
+        blocks = self.core.blocks
+        if -(-total // blocks.block_size) > blocks.num_usable:
+            raise PromptTooLongError(f"the request needs {total} tokens of KV cache; this replica holds "
+                                     f"{blocks.num_usable * blocks.block_size}")
+
+    def _deliver_threadsafe(self, batch: list) -> None:
+        self._loop.call_soon_threadsafe(self._deliver, batch)
+
+    def _deliver(self, batch: list) -> None:
+        for seq, item in batch:
+            stream = self._streams.get(seq.request_id)
+            if stream is not None:
+                stream.put_nowait(item)
+
+    # ---- observability -----------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return self.core.stats if self.core else EngineStats(mode=self.config.mode)
+
+    def profile_summary(self) -> dict:
+        return self.core.profiler.summary() if self.core else {}
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequestError("device 'cuda' asked for, but CUDA is not available")
+    return device
+
+
+def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)

@@ -1,0 +1,29 @@
+"""Exception types raised by the engine. Callers map them to API errors (400 vs. 500)."""
+
+
+class EngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """The request itself is wrong (empty prompt, bad sampling parameters). Maps to HTTP 400."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """Prompt plus requested tokens do not fit the model's context."""
+
+
+class UnknownModelError(EngineError, ValueError):
+    """The model name is neither a preset nor a local model directory."""
+
+
+class DuplicateRequestError(InvalidRequestError):
+    """A request id is already in flight."""
+
+
+class EngineStoppedError(EngineError):
+    """The engine is not running (never started, or stopped)."""
+
+
+class RequestFailedError(EngineError):
+    """A step that included this request raised; the request is ended, the engine keeps serving."""

@@ -1,0 +1,46 @@
+"""What the engine hands back to callers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    arrival: float  # host monotonic clock (time.monotonic)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass
+class RequestOutput:
+    """One delivery for a request: the tokens (and text) new since the previous one."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None  # None until the end, then "stop" | "length" | "abort"
+    num_prompt_tokens: int
+    num_output_tokens: int  # all output tokens so far
+    metrics: RequestMetrics | None = None  # set on the final delivery
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+    num_preemptions: int = 0
+    steps: int = 0
+    requests_finished: int = 0
+    output_tokens_per_s: float = 0.0
+    mode: str = "async"
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,70 @@
+"""Per-step timing records and their summary (what `fairlane profile` prints)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+
+FIELDS = ("prepare_ms", "h2d_ms", "compute_ms", "d2h_ms", "postprocess_ms", "wait_ms", "idle_ms")
+
+
+@dataclass
+class StepRecord:
+    step_id: int
+    at: float  # host clock when the step's tokens were processed
+    batch_size: int
+    num_tokens: int  # tokens computed (prefill + decode)
+    num_prefill_tokens: int
+    num_sampled: int
+    prepare_ms: float  # host: build the step's inputs
+    h2d_ms: float
+    compute_ms: float  # device: forward + sampling (CUDA events; host clock on CPU)
+    d2h_ms: float
+    postprocess_ms: float  # host: append tokens, stops, deliver outputs
+    wait_ms: float  # host blocked on the step's D2H event
+    idle_ms: float  # loop waited for work before this step
+
+
+class StepProfiler:
+    def __init__(self, history: int) -> None:
+        self.records: deque[StepRecord] = deque(maxlen=history)
+        self.total_steps = 0
+        self.total_output_tokens = 0
+        self.started = time.monotonic()
+
+    def add(self, record: StepRecord) -> None:
+        self.records.append(record)
+        self.total_steps += 1
+        self.total_output_tokens += record.num_sampled
+
+    def output_tokens_per_s(self, window_s: float = 5.0) -> float:
+        now = time.monotonic()
+        recent = [r for r in self.records if now - r.at <= window_s]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0].at, 1e-3)
+        return sum(r.num_sampled for r in recent) / span
+
+    def summary(self) -> dict:
+        records = list(self.records)
+        out: dict = {"steps": len(records), "total_steps": self.total_steps}
+        if not records:
+            return out
+        for name in FIELDS:
+            values = sorted(getattr(r, name) for r in records)
+            out[name] = {
+                "mean": statistics.fmean(values),
+                "p50": values[len(values) // 2],
+                "p99": values[min(len(values) - 1, int(len(values) * 0.99))],
+            }
+        out["mean_batch_size"] = statistics.fmean(r.batch_size for r in records)
+        out["mean_tokens"] = statistics.fmean(r.num_tokens for r in records)
+        span_s = max(records[-1].at - records[0].at, 1e-9)
+        busy_ms = sum(r.compute_ms for r in records[1:])
+        out["device_busy_fraction"] = min(1.0, busy_ms / (span_s * 1000.0)) if len(records) > 1 else None
+        return out
+
+    def recent(self, count: int = 100) -> list[dict]:
+        return [asdict(r) for r in list(self.records)[-count:]]

@@ -1,0 +1,66 @@
+"""One request's state inside the engine."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from replica.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Tokens, cache position and stop state of one request.
+
+    `tokens` holds the prompt and every output token read back so far. `num_pending` counts tokens
+    that a step has sampled on the device but the host has not read yet (0 or 1): in async mode the
+    next step consumes such a token straight from the device through `pending_row`.
+    """
+
+    request_id: str
+    tokens: list[int]
+    num_prompt: int
+    params: SamplingParams
+    seed: int  # 32-bit, drawn when the request has no seed of its own
+    arrival: float
+    max_len: int  # the model's context limit for this sequence
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0  # tokens whose keys and values are in the cache (or being written)
+    num_pending: int = 0
+    pending_row: int = -1  # row of the pending token in the in-flight step's samples
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    emit: Callable[..., None] | None = None  # set by the engine: delivers outputs to the caller
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the sequence will hold once its pending token lands."""
+        return len(self.tokens) + self.num_pending
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.num_prompt :]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def reached_length_limit(self) -> bool:
+        """No further token may be scheduled: max_tokens or the context would be exceeded."""
+        produced = self.num_output + self.num_pending
+        return produced >= self.params.max_tokens or self.num_tokens >= self.max_len
+
+    def uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
