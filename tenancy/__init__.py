@@ -5,7 +5,7 @@ from tenancy.auth import Authenticator, parse_bearer
 from tenancy.config import FairShareSettings, Quotas, SLAClass, TenancyConfig, Tenant
 from tenancy.errors import (
     AuthenticationError,
-    DuplicateRequestError,
+    InvalidQueueItem,
     QueueFull,
     QuotaExceeded,
     RequestLimitExceeded,
@@ -26,8 +26,8 @@ __all__ = [
     "AcquireResult",
     "AuthenticationError",
     "Authenticator",
-    "DuplicateRequestError",
     "FairShareSettings",
+    "InvalidQueueItem",
     "Lease",
     "LimitSpec",
     "MemoryQuotaStore",

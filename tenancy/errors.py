@@ -85,9 +85,10 @@ class QueueFull(TenancyError):
         self.retry_after = retry_after
 
 
-class DuplicateRequestError(TenancyError, ValueError):
-    """A request id that is already waiting in the fair queue was pushed again."""
+class InvalidQueueItem(TenancyError, ValueError):
+    """A request pushed to the fair queue is malformed or already queued (``problem`` says which)."""
 
-    def __init__(self, request_id: str) -> None:
-        super().__init__(f"request {request_id!r} is already queued")
+    def __init__(self, request_id: str, problem: str) -> None:
+        super().__init__(f"request {request_id!r} cannot be queued: {problem}")
         self.request_id = request_id
+        self.problem = problem
