@@ -13,11 +13,15 @@ from tenancy.errors import (
     TenancyError,
     UnknownTenantError,
 )
+from tenancy.fair_queue import FairQueue
 from tenancy.keys import hash_api_key
 from tenancy.lease import Lease
 from tenancy.loader import DEMO_ADMIN_KEY, DEMO_KEYS, default_tenancy_config, load_tenancy_config
 from tenancy.memory_store import MemoryQuotaStore
+from tenancy.queue_snapshot import FairQueueSnapshot, TenantQueueStats
+from tenancy.queued_request import QueuedRequest, TenantPolicy, policies_from_config
 from tenancy.ratelimit_headers import RateLimitState, format_reset, ratelimit_headers
+from tenancy.redis_store import RedisQuotaStore
 from tenancy.store import AcquireResult, LimitSpec, QuotaStore, SyncQuotaStore
 
 __all__ = [
@@ -26,17 +30,21 @@ __all__ = [
     "AcquireResult",
     "AuthenticationError",
     "Authenticator",
+    "FairQueue",
+    "FairQueueSnapshot",
     "FairShareSettings",
     "InvalidQueueItem",
     "Lease",
     "LimitSpec",
     "MemoryQuotaStore",
     "QueueFull",
+    "QueuedRequest",
     "QuotaExceeded",
     "QuotaManager",
     "QuotaStore",
     "Quotas",
     "RateLimitState",
+    "RedisQuotaStore",
     "RequestLimitExceeded",
     "SLAClass",
     "SyncQuotaStore",
@@ -44,11 +52,14 @@ __all__ = [
     "TenancyConfigError",
     "TenancyError",
     "Tenant",
+    "TenantPolicy",
+    "TenantQueueStats",
     "UnknownTenantError",
     "default_tenancy_config",
     "format_reset",
     "hash_api_key",
     "load_tenancy_config",
     "parse_bearer",
+    "policies_from_config",
     "ratelimit_headers",
 ]

