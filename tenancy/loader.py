@@ -70,6 +70,7 @@ def default_tenancy_config() -> TenancyConfig:
 def _problems(exc: ValidationError) -> tuple[str, ...]:
     lines = []
     for err in exc.errors(include_url=False, include_input=False):
-        loc = ".".join(str(p) for p in err["loc"]) or "<config>"
-        lines.append(f"{loc}: {err['msg']}")
+        msg = err["msg"].removeprefix("Value error, ")
+        loc = ".".join(str(p) for p in err["loc"])
+        lines.append(f"{loc}: {msg}" if loc else msg)
     return tuple(lines)
