@@ -35,7 +35,9 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     """Store the new tokens' keys and values at their slots."""
     heads, dim = k_cache.shape[-2:]
     k_cache.view(-1, heads, dim).index_copy_(0, slots, k.to(k_cache.dtype))
@@ -49,7 +51,9 @@ def paged_attention(
     out = torch.empty_like(q)
     nd = meta.num_decode
     if nd:
-        out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+        out[:nd] = decode_attention(
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+        )
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
@@ -92,10 +96,14 @@ def prefill_attention(
     values = v_cache[table].flatten(0, 1)[:ctx].transpose(0, 1)
     queries = q.transpose(0, 1).to(keys.dtype)  # [heads, q_len, D]
     if ctx == q_len:
-        out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
+        )
     else:
         # Query i sits at position ctx - q_len + i and sees every key up to it.
         query_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
         mask = torch.arange(ctx, device=q.device)[None, :] <= query_pos
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        )
     return out.transpose(0, 1).to(q.dtype)

@@ -48,7 +48,9 @@ class IncrementalDetokenizer:
 
     def take(self, final: bool) -> str:
         """Text not yet handed out; on the final call everything left, otherwise minus the hold-back."""
-        end = len(self.text) if (final or self.stopped) else max(self.emitted, len(self.text) - self.hold_back)
+        end = (
+            len(self.text) if (final or self.stopped) else max(self.emitted, len(self.text) - self.hold_back)
+        )
         out = self.text[self.emitted : end]
         self.emitted = end
         return out

@@ -18,7 +18,8 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence as SeqOf
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as SeqOf
 
 import torch
 
@@ -135,7 +136,9 @@ class Engine:
         if self.core is not None:
             self.core.inbox.put(_Abort(request_id))
 
-    def _admit(self, prompt, params: SamplingParams, request_id: str) -> tuple[Sequence, IncrementalDetokenizer | None]:
+    def _admit(
+        self, prompt, params: SamplingParams, request_id: str
+    ) -> tuple[Sequence, IncrementalDetokenizer | None]:
         if not self.running:
             raise EngineStoppedError("the engine is not running")
         if request_id in self._streams:
@@ -144,12 +147,19 @@ class Engine:
         self._check_fits(len(ids), params.max_tokens)
         seed = params.seed if params.seed is not None else random.getrandbits(32)
         seq = Sequence(
-            request_id=request_id, tokens=ids, num_prompt=len(ids), params=params,
-            seed=(seed ^ (seed >> 32)) & 0xFFFFFFFF, arrival=time.monotonic(), max_len=self.max_model_len,
+            request_id=request_id,
+            tokens=ids,
+            num_prompt=len(ids),
+            params=params,
+            seed=(seed ^ (seed >> 32)) & 0xFFFFFFFF,
+            arrival=time.monotonic(),
+            max_len=self.max_model_len,
         )
         detok = None
         if self.tokenizer is not None:
-            detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output)
+            detok = IncrementalDetokenizer(
+                self.tokenizer, ids, params.stop, params.include_stop_str_in_output
+            )
         elif params.stop:
             raise InvalidRequestError("stop strings need a tokenizer; this model has none")
         return seq, detok
@@ -178,8 +188,10 @@ class Engine:
             )
         blocks = self.core.blocks
         if -(-total // blocks.block_size) > blocks.num_usable:
-            raise PromptTooLongError(f"the request needs {total} tokens of KV cache; this replica holds "
-                                     f"{blocks.num_usable * blocks.block_size}")
+            raise PromptTooLongError(
+                f"the request needs {total} tokens of KV cache; this replica holds "
+                f"{blocks.num_usable * blocks.block_size}"
+            )
 
     def _deliver_threadsafe(self, batch: list) -> None:
         self._loop.call_soon_threadsafe(self._deliver, batch)

@@ -136,7 +136,12 @@ class EngineCore:
             self._finished_count += 1
         text = detok.take(final=reason is not None) if detok is not None else ""
         out = RequestOutput(
-            seq.request_id, token_ids, text, reason, seq.num_prompt, seq.num_output,
+            seq.request_id,
+            token_ids,
+            text,
+            reason,
+            seq.num_prompt,
+            seq.num_output,
             metrics if reason is not None else None,
         )
         self._outbox.append((seq, out))
@@ -195,9 +200,16 @@ class EngineCore:
         plan = handle.plan
         prefill_tokens = plan.num_tokens - plan.num_decode
         record = StepRecord(
-            step_id=plan.step_id, at=time.monotonic(), batch_size=len(plan.items), num_tokens=plan.num_tokens,
-            num_prefill_tokens=prefill_tokens, num_sampled=len(plan.sampling_items),
-            postprocess_ms=post_ms, wait_ms=wait_ms, idle_ms=idle_ms, **handle.timings_ms(),
+            step_id=plan.step_id,
+            at=time.monotonic(),
+            batch_size=len(plan.items),
+            num_tokens=plan.num_tokens,
+            num_prefill_tokens=prefill_tokens,
+            num_sampled=len(plan.sampling_items),
+            postprocess_ms=post_ms,
+            wait_ms=wait_ms,
+            idle_ms=idle_ms,
+            **handle.timings_ms(),
         )
         self.profiler.add(record)
 

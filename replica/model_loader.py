@@ -58,7 +58,9 @@ def ensure_converted(name: str) -> Path:
     try:
         source_dir = Path(importlib.import_module(package).__file__).parent
     except ImportError as exc:
-        raise UnknownModelError(f"model {name!r} needs the package {package!r}, which is not installed") from exc
+        raise UnknownModelError(
+            f"model {name!r} needs the package {package!r}, which is not installed"
+        ) from exc
     log.info("converting %s/%s to safetensors in %s (once)", package, filename, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
@@ -81,7 +83,9 @@ def _convert_gguf(source_dir: Path, filename: str, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source_dir, gguf_file=filename)
     hf_model = AutoModelForCausalLM.from_pretrained(source_dir, gguf_file=filename, dtype=torch.float32)
     tied = hf_model.config.tie_word_embeddings
-    state = {k: v.contiguous() for k, v in hf_model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    state = {
+        k: v.contiguous() for k, v in hf_model.state_dict().items() if not (tied and k == "lm_head.weight")
+    }
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = hf_model.config
     if hasattr(config, "quantization_config"):
@@ -90,13 +94,17 @@ def _convert_gguf(source_dir: Path, filename: str, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype, random_weights: bool, seed: int = 0) -> LoadedModel:
+def load_model(
+    name: str, device: torch.device, dtype: torch.dtype, random_weights: bool, seed: int = 0
+) -> LoadedModel:
     if random_weights:
         return _load_random(name, device, dtype, seed)
     model_dir = model_dir_for(name)
     config = AutoConfig.from_pretrained(model_dir)
     if config.model_type not in SUPPORTED_ARCHITECTURES:
-        raise UnknownModelError(f"{model_dir}: architecture {config.model_type!r} is not supported (Llama family)")
+        raise UnknownModelError(
+            f"{model_dir}: architecture {config.model_type!r} is not supported (Llama family)"
+        )
     model = _build(config, device, dtype)
     load_checkpoint(model, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

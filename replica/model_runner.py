@@ -40,7 +40,9 @@ class StepHandle:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, device: torch.device, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, device: torch.device, num_blocks: int, block_size: int
+    ) -> None:
         cfg = model.config
         self.model = model
         self.device = device
@@ -91,11 +93,27 @@ class ModelRunner:
         return handle.samples_host.numpy()
 
     def _to_device(self, host: StepInputs) -> dict[str, torch.Tensor]:
-        names = ("input_ids", "prev_rows", "positions", "slot_mapping", "decode_block_tables",
-                 "decode_context_lens", "sample_rows", "temperature", "top_k", "top_p", "seed", "out_position")
+        names = (
+            "input_ids",
+            "prev_rows",
+            "positions",
+            "slot_mapping",
+            "decode_block_tables",
+            "decode_context_lens",
+            "sample_rows",
+            "temperature",
+            "top_k",
+            "top_p",
+            "seed",
+            "out_position",
+        )
         blocking = not self.streams.is_cuda
-        out = {n: torch.from_numpy(getattr(host, n)).to(self.device, non_blocking=not blocking) for n in names}
-        out["prefill_tables"] = [torch.from_numpy(p[3]).to(self.device, non_blocking=not blocking) for p in host.prefills]
+        out = {
+            n: torch.from_numpy(getattr(host, n)).to(self.device, non_blocking=not blocking) for n in names
+        }
+        out["prefill_tables"] = [
+            torch.from_numpy(p[3]).to(self.device, non_blocking=not blocking) for p in host.prefills
+        ]
         return out
 
     def _forward_and_sample(self, host: StepInputs, dev: dict) -> torch.Tensor:

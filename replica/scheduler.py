@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from replica.block_manager import BlockManager
-from replica.sequence import Sequence, SeqStatus
+from replica.sequence import SeqStatus, Sequence
 
 
 @dataclass
@@ -71,7 +71,9 @@ class Scheduler:
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
                 break
             num_new = min(seq.uncomputed(), budget)
-            if not self.blocks.can_allocate(self.blocks.blocks_needed(seq.block_table, seq.num_computed + num_new)):
+            if not self.blocks.can_allocate(
+                self.blocks.blocks_needed(seq.block_table, seq.num_computed + num_new)
+            ):
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING

@@ -63,7 +63,9 @@ def build_step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
         positions=np.concatenate(positions),
         slot_mapping=np.concatenate(slots),
         decode_block_tables=_pad_tables(decode_tables),
-        decode_context_lens=np.asarray([it.start + 1 for it in plan.items[: plan.num_decode]], dtype=np.int64),
+        decode_context_lens=np.asarray(
+            [it.start + 1 for it in plan.items[: plan.num_decode]], dtype=np.int64
+        ),
         prefills=prefills,
         sample_rows=np.asarray(sample_rows, dtype=np.int64),
         **_sampling_arrays(plan),

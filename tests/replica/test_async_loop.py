@@ -1,0 +1,60 @@
+"""The async loop's structure: step N+1 is launched before step N is read back, tokens carry over on
+the device, and stop conditions land one step late without changing outputs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from replica import Engine, EngineConfig, SamplingParams
+from tests.replica.conftest import collect
+
+
+async def _traced_run(mode: str) -> tuple[list[tuple[str, int, bool]], list[list[int]]]:
+    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", mode=mode))
+    await engine.start()
+    runner = engine.core.runner
+    trace: list[tuple[str, int, bool]] = []
+    launch, wait = runner.launch, runner.wait
+
+    def traced_launch(plan):
+        handle = launch(plan)
+        trace.append(("launch", plan.step_id, any(i.prev_row >= 0 for i in plan.items)))
+        return handle
+
+    def traced_wait(handle):
+        trace.append(("wait", handle.plan.step_id, False))
+        return wait(handle)
+
+    runner.launch, runner.wait = traced_launch, traced_wait
+    prompts = ["The sky is", "Rivers flow to", "My favourite food is"]
+    try:
+        results = await asyncio.gather(
+            *(
+                collect(engine, p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+                for p in prompts
+            )
+        )
+    finally:
+        await engine.stop()
+    return trace, [r[0] for r in results]
+
+
+async def test_async_launches_next_step_before_reading_previous():
+    trace, outputs = await _traced_run("async")
+    order = [(kind, step) for kind, step, _ in trace]
+    launched_ahead = [
+        step
+        for kind, step in order
+        if kind == "wait" and ("launch", step + 1) in order[: order.index((kind, step))]
+    ]
+    assert len(launched_ahead) >= 10, order[:20]
+    assert any(placeholder for kind, _, placeholder in trace if kind == "launch"), (
+        "no token carried on device"
+    )
+    sync_trace, sync_outputs = await _traced_run("sync")
+    sync_order = [(k, s) for k, s, _ in sync_trace]
+    for i in range(0, len(sync_order), 2):
+        assert sync_order[i][0] == "launch" and sync_order[i + 1] == ("wait", sync_order[i][1])
+    assert not any(p for _, _, p in sync_trace)
+    assert outputs == sync_outputs
+    assert all(len(o) == 12 for o in outputs)
