@@ -8,7 +8,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 def rope_parameters(cfg) -> dict:
-    """The rope settings of a config, across transformers' old (rope_theta) and new (rope_parameters) forms."""
+    """The rope settings of a config, in transformers' old and new forms."""
     params = dict(getattr(cfg, "rope_parameters", None) or {})
     if not params:
         params = dict(getattr(cfg, "rope_scaling", None) or {})
