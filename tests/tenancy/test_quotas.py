@@ -34,7 +34,7 @@ def clock() -> FakeClock:
     return FakeClock(now=20_000 * 86_400 + 3_600.0)
 
 
-@pytest_asyncio.fixture(params=["memory", "redis"], loop_scope="function")
+@pytest_asyncio.fixture(params=["memory", "redis"])
 async def manager(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIterator[QuotaManager]:
     store: QuotaStore
     if request.param == "memory":
