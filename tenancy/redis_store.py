@@ -116,8 +116,8 @@ class RedisQuotaStore:
             2 * SECONDS_PER_DAY, math.ceil(self._lease_ttl * 1000),
         ]
         try:
-            call = self._acquire(keys=[rpm, tpm, conc, budget], args=args)
-            raw = await asyncio.wait_for(call, self._op_timeout)
+            async with asyncio.timeout(self._op_timeout):
+                raw = await self._acquire(keys=[rpm, tpm, conc, budget], args=args)
         except _FAILURES as exc:
             self._enter_degraded(exc)
             return self._local.acquire_sync(tenant_id, limits.scaled(self._fraction), lease_id, tokens)
@@ -146,7 +146,8 @@ class RedisQuotaStore:
         conc = self.keys(lease.tenant_id, lease.budget_day)[2]
         args = [lease.lease_id, repr(self._clock() + self._lease_ttl), math.ceil(self._lease_ttl * 1000)]
         try:
-            return bool(await asyncio.wait_for(self._renew(keys=[conc], args=args), self._op_timeout))
+            async with asyncio.timeout(self._op_timeout):
+                return bool(await self._renew(keys=[conc], args=args))
         except _FAILURES as exc:
             self._enter_degraded(exc)
             return True
@@ -154,7 +155,8 @@ class RedisQuotaStore:
     async def probe(self) -> bool:
         """Try Redis now; on success leave degraded mode and replay queued releases."""
         try:
-            await asyncio.wait_for(self._client.ping(), self._op_timeout)
+            async with asyncio.timeout(self._op_timeout):
+                await self._client.ping()
             while self._pending:
                 lease, limits, used = self._pending[0]
                 await self._release_in_redis(lease, limits, used)
@@ -179,8 +181,8 @@ class RedisQuotaStore:
         _, tpm, conc, budget = self.keys(lease.tenant_id, lease.budget_day)
         refund = lease.reserved_tokens - used_tokens
         args = [repr(self._clock()), limits.tokens_per_minute, lease.lease_id, refund]
-        raw = await asyncio.wait_for(self._release(keys=[tpm, conc, budget], args=args), self._op_timeout)
-        return bool(raw)
+        async with asyncio.timeout(self._op_timeout):
+            return bool(await self._release(keys=[tpm, conc, budget], args=args))
 
     def _use_local(self) -> bool:
         """Whether to serve locally now; starts a background reconnect probe when one is due."""
