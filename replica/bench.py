@@ -1,0 +1,254 @@
+"""Engine benchmark: our engine (async and sync) against transformers, side by side in one run.
+
+    python -m replica.bench --model smollm2-135m --device cpu --concurrency 16 --max-tokens 128 --json out.json
+
+Every request generates exactly --max-tokens tokens (EOS ignored), so modes do the same work. Modes:
+async / sync: this engine; hf: transformers `generate` on the whole batch at once (padded);
+hf-single: transformers `generate`, one request at a time (the single-stream figure).
+Runs with torch, transformers and numpy alone, so it works on the GPU machine's image too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from replica.config import EngineConfig
+from replica.engine import Engine
+from replica.model_loader import LoadedModel
+from replica.sampling_params import SamplingParams
+
+MODES = ("async", "sync", "hf", "hf-single")
+
+
+def make_prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, vocab - 100, size=length).tolist() for _ in range(count)]
+
+
+async def run_engine(args, mode: str) -> tuple[dict, LoadedModel]:
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        mode=mode,
+        random_weights=args.random_weights,
+        max_num_seqs=max(args.concurrency, 1),
+        max_num_batched_tokens=args.max_batched_tokens,
+    )
+    engine = Engine(config)
+    await engine.start()
+    prompts = make_prompts(engine.loaded.config.vocab_size, args.concurrency, args.prompt_len)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    await _drive(engine, prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    start = time.perf_counter()
+    per_request = await _drive(engine, prompts, params)
+    wall = time.perf_counter() - start
+    result = _summarise(mode, per_request, wall, engine.profile_summary())
+    result["outputs"] = [r["tokens"] for r in per_request]
+    await engine.stop()
+    return result, engine.loaded
+
+
+async def _drive(engine: Engine, prompts, params) -> list[dict]:
+    async def one(i: int, prompt) -> dict:
+        sent = time.perf_counter()
+        stamps, tokens = [], []
+        async for out in engine.generate(prompt, params, request_id=f"bench-{i}-{sent}"):
+            now = time.perf_counter()
+            stamps.extend([now] * len(out.token_ids))
+            tokens.extend(out.token_ids)
+        return {"sent": sent, "stamps": stamps, "tokens": tokens}
+
+    return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
+def _summarise(mode: str, per_request: list[dict], wall: float, profile: dict) -> dict:
+    total = sum(len(r["tokens"]) for r in per_request)
+    tpot = [
+        (r["stamps"][-1] - r["stamps"][0]) / (len(r["stamps"]) - 1) * 1000.0
+        for r in per_request
+        if len(r["stamps"]) > 1
+    ]
+    ttft = [(r["stamps"][0] - r["sent"]) * 1000.0 for r in per_request if r["stamps"]]
+    return {
+        "mode": mode,
+        "output_tokens": total,
+        "wall_s": wall,
+        "output_tokens_per_s": total / wall,
+        "tpot_ms_p50": _pct(tpot, 50),
+        "tpot_ms_p99": _pct(tpot, 99),
+        "ttft_ms_p50": _pct(ttft, 50),
+        "mean_step_ms": _step_ms(profile),
+        "device_busy_fraction": profile.get("device_busy_fraction"),
+        "profile": profile,
+    }
+
+
+def _step_ms(profile: dict) -> float | None:
+    parts = ("prepare_ms", "compute_ms", "postprocess_ms")
+    if "compute_ms" not in profile:
+        return None
+    return sum(profile[p]["mean"] for p in parts)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def run_hf(args, loaded: LoadedModel, batched: bool) -> dict:
+    from replica.hf_reference import hf_model_like
+
+    model = hf_model_like(loaded)
+    prompts = make_prompts(loaded.config.vocab_size, args.concurrency, args.prompt_len)
+    if not batched:
+        prompts = prompts[: args.hf_requests]
+    groups = [prompts] if batched else [[p] for p in prompts]
+    _hf_generate(model, [prompts[0]], 4)  # warm-up
+    start = time.perf_counter()
+    outputs = [row for group in groups for row in _hf_generate(model, group, args.max_tokens)]
+    wall = time.perf_counter() - start
+    total = sum(len(o) for o in outputs)
+    return {
+        "mode": "hf" if batched else "hf-single",
+        "requests": len(outputs),
+        "output_tokens": total,
+        "wall_s": wall,
+        "output_tokens_per_s": total / wall,
+        "tpot_ms_p50": wall / args.max_tokens * 1000.0 / (1 if batched else len(outputs)),
+        "outputs": outputs,
+    }
+
+
+def _hf_generate(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    device = next(model.parameters()).device
+    ids = torch.tensor(prompts, device=device)
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out[:, ids.shape[1] :].tolist()
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run(args) -> dict:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise SystemExit(f"unknown modes {sorted(unknown)}; choose from {MODES}")
+    results: dict[str, dict] = {}
+    loaded = None
+    for mode in [m for m in modes if m in ("async", "sync")]:
+        results[mode], loaded = asyncio.run(run_engine(args, mode))
+        if torch.cuda.is_available():
+            results[mode]["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    for mode in [m for m in modes if m.startswith("hf")]:
+        if loaded is None:
+            loaded = _load_only(args)
+        results[mode] = run_hf(args, loaded, batched=mode == "hf")
+    return _report(args, results)
+
+
+def _load_only(args) -> LoadedModel:
+    from replica.engine import _pick_device, _pick_dtype
+    from replica.model_loader import load_model
+
+    device = _pick_device(args.device)
+    return load_model(args.model, device, _pick_dtype("auto", device), args.random_weights)
+
+
+def _report(args, results: dict[str, dict]) -> dict:
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": platform.node(),
+        "cpu_count": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "args": vars(args),
+        "results": {m: {k: v for k, v in r.items() if k != "outputs"} for m, r in results.items()},
+        "ratios": {},
+        "greedy_agreement": {},
+    }
+    base = results.get("hf-single") or results.get("hf")
+    for mode in ("async", "sync"):
+        if mode in results and base:
+            report["ratios"][f"{mode}_vs_{base['mode']}"] = (
+                results[mode]["output_tokens_per_s"] / base["output_tokens_per_s"]
+            )
+    if "async" in results and "sync" in results:
+        report["ratios"]["async_vs_sync"] = (
+            results["async"]["output_tokens_per_s"] / results["sync"]["output_tokens_per_s"]
+        )
+        same = [a == b for a, b in zip(results["async"]["outputs"], results["sync"]["outputs"], strict=True)]
+        report["greedy_agreement"]["async_equals_sync"] = all(same)
+    for hf_mode in ("hf", "hf-single"):
+        if "async" in results and hf_mode in results:
+            div = [
+                first_divergence(a, b)
+                for a, b in zip(results["async"]["outputs"], results[hf_mode]["outputs"])
+            ]
+            report["greedy_agreement"][f"first_divergence_vs_{hf_mode}"] = div
+    return report
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{'mode':<10} {'tok/s':>10} {'wall s':>8} {'TPOT p50 ms':>12} {'step ms':>9} {'busy':>6}")
+    for mode, r in report["results"].items():
+        step = r.get("mean_step_ms")
+        busy = r.get("device_busy_fraction")
+        print(
+            f"{mode:<10} {r['output_tokens_per_s']:>10.1f} {r['wall_s']:>8.2f} {r.get('tpot_ms_p50') or 0:>12.2f} "
+            f"{step if step is not None else float('nan'):>9.2f} {busy if busy is not None else float('nan'):>6.2f}"
+        )
+    for name, value in report["ratios"].items():
+        print(f"{name}: {value:.2f}x")
+    for name, value in report["greedy_agreement"].items():
+        print(f"{name}: {value}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--random-weights", action="store_true")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--concurrency", "--batch", type=int, default=16, dest="concurrency")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--modes", default="async,sync,hf-single")
+    p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    report = run(args)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    print_table(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
