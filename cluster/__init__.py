@@ -1,0 +1,1 @@
+"""fairlane's Ray Serve application: ingress, fair dispatch, replica deployment, metrics, SLA reports."""

@@ -1,0 +1,100 @@
+"""The application builder: validate the config once, then compose the Serve deployments.
+
+    serve run cluster.app:build_app                       # defaults: SmolLM2 on CPU, demo tenants
+    serve run cluster.app:build_app engine.device=cpu     # not supported: pass a dict or a config file
+    serve.run(build_app({"num_replicas": 2}))
+
+``args`` is an ``AppConfig`` as a dict; a ``config_file`` key names a YAML file whose contents
+the other keys override.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+
+from cluster.config import AppConfig, load_app_config
+from cluster.ingress import REPLICA_DEPLOYMENT, Ingress
+from cluster.kv_router import KVAwareRouter
+from cluster.replica_deployment import ReplicaServer
+
+ROUTING_STATS_PERIOD_S = 0.5
+
+
+def replica_gpus(config: AppConfig) -> float:
+    """1 GPU per replica when CUDA is present (checked on the driver), else 0, unless configured."""
+    if config.replica_num_gpus is not None:
+        return config.replica_num_gpus
+    if config.engine.device == "cpu":
+        return 0.0
+    import torch
+
+    return 1.0 if torch.cuda.is_available() else 0.0
+
+
+def replica_options(config: AppConfig) -> dict[str, Any]:
+    """Serve options of the replica deployment: resources, scaling and the KV-aware router."""
+    opts: dict[str, Any] = {
+        "name": REPLICA_DEPLOYMENT,
+        "ray_actor_options": {"num_cpus": config.replica_num_cpus, "num_gpus": replica_gpus(config)},
+        "max_ongoing_requests": config.replica_max_ongoing,
+        "request_router_config": RequestRouterConfig(
+            request_router_class=KVAwareRouter,
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+            request_routing_stats_timeout_s=5.0,
+        ),
+        "health_check_period_s": 5.0,
+        "graceful_shutdown_timeout_s": 5.0,
+    }
+    a = config.autoscaling
+    if a is None:
+        opts["num_replicas"] = config.num_replicas
+    else:
+        opts["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=a.min_replicas,
+            max_replicas=a.max_replicas,
+            initial_replicas=a.min_replicas,
+            target_ongoing_requests=a.target_ongoing_requests,
+            upscale_delay_s=a.upscale_delay_s,
+            downscale_delay_s=a.downscale_delay_s,
+            metrics_interval_s=a.metrics_interval_s,
+            look_back_period_s=max(2.0, 4 * a.metrics_interval_s),
+        )
+    return opts
+
+
+def engine_kwargs(config: AppConfig) -> dict[str, Any]:
+    """``replica.EngineConfig`` keyword arguments from the engine settings."""
+    e = config.engine
+    return {
+        "model": e.model,
+        "device": e.device,
+        "mode": e.mode,
+        "random_weights": e.random_weights,
+        "kv_cache_tokens": e.kv_cache_tokens,
+        "max_num_seqs": e.max_num_seqs,
+        "max_num_batched_tokens": e.max_num_batched_tokens,
+        "max_model_len": e.max_model_len,
+    }
+
+
+def compose(config: AppConfig) -> serve.Application:
+    """The bound application: the ingress (routers) holding a handle to the replicas."""
+    replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(engine_kwargs(config))
+    ingress = serve.deployment(
+        Ingress,
+        name="Router",
+        num_replicas=config.num_routers,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=10_000,
+    )
+    return ingress.bind(replicas, config.model_dump())
+
+
+def build_app(args: dict[str, Any] | None = None) -> serve.Application:
+    """Validate ``args`` (an ``AppConfig`` dict, optionally with ``config_file``) and compose the app."""
+    args = dict(args or {})
+    config = load_app_config(args.pop("config_file", None), args)
+    return compose(config)

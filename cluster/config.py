@@ -1,0 +1,109 @@
+"""The cluster's configuration: one pydantic model, validated once by ``build_app``, then frozen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSettings(_Frozen):
+    """What each replica's engine is built with (see ``replica.EngineConfig``)."""
+
+    model: str = Field(
+        default="smollm2-135m", description="Preset name or local Hugging Face model directory."
+    )
+    device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu' or 'cuda'.")
+    mode: Literal["async", "sync"] = Field(
+        default="async", description="Engine step loop: overlapped or not."
+    )
+    random_weights: bool = Field(
+        default=False, description="Random weights of the preset's shape (benchmarks)."
+    )
+    kv_cache_tokens: int = Field(default=16384, gt=0, description="KV cache size in tokens on CPU.")
+    max_num_seqs: int = Field(default=32, gt=0, description="Sequences batched together per step, at most.")
+    max_num_batched_tokens: int = Field(default=512, gt=0, description="Tokens per step (prefill chunking).")
+    max_model_len: int | None = Field(default=None, gt=1, description="Context cap; None = the model's own.")
+
+
+class AutoscalingSettings(_Frozen):
+    """Serve autoscaling of the replica deployment; ``target_ongoing_requests`` should be below the room."""
+
+    min_replicas: int = Field(default=1, ge=1, description="Replicas kept when idle.")
+    max_replicas: int = Field(default=2, ge=1, description="Replicas at most.")
+    target_ongoing_requests: float = Field(
+        default=2.0, gt=0, description="Ongoing requests per replica aimed at."
+    )
+    upscale_delay_s: float = Field(
+        default=2.0, ge=0, description="Load must last this long before scaling up."
+    )
+    downscale_delay_s: float = Field(default=10.0, ge=0, description="Idle time before scaling down.")
+    metrics_interval_s: float = Field(default=0.5, gt=0, description="How often replicas report their load.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSettings:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be >= min_replicas")
+        return self
+
+
+class AppConfig(_Frozen):
+    """The whole Serve application: engine, replicas, routers, tenancy, queue bounds and HTTP."""
+
+    engine: EngineSettings = Field(default_factory=EngineSettings, description="Replica engine settings.")
+    num_replicas: int = Field(default=1, ge=1, description="Fixed replica count (ignored with autoscaling).")
+    autoscaling: AutoscalingSettings | None = Field(
+        default=None, description="Autoscale the replicas instead of a fixed count."
+    )
+    replica_num_cpus: float = Field(default=1.0, ge=0, description="Ray CPUs reserved per replica.")
+    replica_num_gpus: float | None = Field(
+        default=None, ge=0, description="GPUs per replica; None = 1 when CUDA is present, else 0."
+    )
+    num_routers: int = Field(default=1, ge=1, description="Ingress (router) replicas.")
+    tenancy_config: str | None = Field(default=None, description="Tenancy YAML path; None = the demo config.")
+    redis_url: str | None = Field(
+        default=None, description="Shared quota store; None = in-memory per router."
+    )
+    redis_prefix: str = Field(default="fairlane", min_length=1, description="Key prefix in Redis.")
+    replica_room: int = Field(
+        default=8,
+        ge=1,
+        description="Requests in flight per replica at most; the rest wait in the fair queue.",
+    )
+    queue_timeout_s: float = Field(default=60.0, gt=0, description="Longest wait in the fair queue.")
+    first_token_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait for the first token.")
+    token_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between streamed tokens.")
+    load_poll_interval_s: float = Field(default=1.0, gt=0, description="How often routers poll replica load.")
+    max_body_bytes: int = Field(default=4_000_000, gt=0, description="Largest request body (413 beyond).")
+    default_max_tokens: int = Field(default=16, gt=0, description="max_tokens when a request gives none.")
+    timing_history: int = Field(default=50_000, gt=0, description="Request timing records kept per router.")
+    host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")
+    port: int = Field(default=8000, gt=0, lt=65536, description="HTTP port of the Serve proxy.")
+    served_model_name: str = Field(default="smollm2-135m", min_length=1, description="Model name in the API.")
+
+    @property
+    def min_replicas(self) -> int:
+        return self.autoscaling.min_replicas if self.autoscaling else self.num_replicas
+
+    @property
+    def replica_max_ongoing(self) -> int:
+        # Headroom over the room for cheap control calls (load, profile) next to generations.
+        return self.replica_room + 8
+
+
+def load_app_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> AppConfig:
+    """Read a YAML app config (or none) and apply top-level overrides; raises ValidationError."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the app config must be a mapping")
+        data = dict(loaded or {})
+    data.update(overrides or {})
+    return AppConfig.model_validate(data)

@@ -1,0 +1,155 @@
+"""Fair dispatch: requests wait in the tenancy ``FairQueue`` until a replica has room.
+
+The router keeps at most ``capacity`` requests in flight (``replica_room`` × running replicas,
+split across routers), so waiting happens here, in fair order, and not in replica queues where
+arrival order would decide. ``reserved`` slots are kept for tenants that hold few slots: one
+tenant may fill at most ``capacity - reserved`` of them, so a newcomer's request is dispatched at
+once instead of waiting for a running request to end (that wait would be the noisy tenant's
+output length, far above a quiet tenant's TTFT target).
+
+Dispatch is event-driven: ``_kick`` pops while there is room, on every push, end and capacity
+change. It is synchronous, so a pop and the hand-over of its slot happen in one event-loop step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from cluster.errors import ServiceUnavailable
+from tenancy import FairQueue, QueuedRequest
+
+
+@dataclass(slots=True)
+class DispatchSlot:
+    """One request's place among the in-flight requests; ``release`` is idempotent."""
+
+    request: QueuedRequest
+    _owner: Dispatcher = field(repr=False)
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._owner._slot_ended(self.request.tenant_id)
+
+
+class Dispatcher:
+    """Grants dispatch slots in ``FairQueue`` order while this router has room."""
+
+    def __init__(
+        self,
+        queue: FairQueue,
+        room_per_replica: int,
+        num_routers: int = 1,
+        replicas: int = 1,
+        queue_timeout_s: float = 60.0,
+    ) -> None:
+        self._queue = queue
+        self._room = room_per_replica
+        self._routers = num_routers
+        self._replicas = replicas
+        self._timeout = queue_timeout_s
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._by_tenant: Counter[str] = Counter()
+        self.in_flight = 0
+
+    @property
+    def queue(self) -> FairQueue:
+        return self._queue
+
+    @property
+    def capacity(self) -> int:
+        """Requests this router may have in flight: its share of every replica's room."""
+        if self._replicas <= 0:
+            return 0
+        return max(1, math.ceil(self._room * self._replicas / self._routers))
+
+    @property
+    def reserved(self) -> int:
+        """Slots one tenant cannot take: a quarter of the room, at least one when the room allows."""
+        cap = self.capacity
+        return 0 if cap <= 1 else max(1, cap // 4)
+
+    def set_replicas(self, replicas: int) -> None:
+        if replicas != self._replicas:
+            self._replicas = replicas
+            self._kick()
+
+    def replace_queue(self, queue: FairQueue) -> None:
+        """Move waiting requests to ``queue`` (a reloaded config), in their current order.
+
+        Counters start afresh under the new weights; a request whose tenant no longer exists
+        fails with that error instead of waiting forever.
+        """
+        old, self._queue = self._queue, queue
+        while (item := old.pop_next()) is not None:
+            future = self._waiters.get(item.request_id)
+            if future is None or future.done():
+                continue
+            try:
+                queue.push(
+                    queue.make_request(
+                        item.request_id, item.tenant_id, item.prompt_tokens, item.max_tokens, item.arrival
+                    )
+                )
+            except Exception as exc:
+                future.set_exception(exc)
+        self._kick()
+
+    def in_flight_of(self, tenant_id: str) -> int:
+        return self._by_tenant[tenant_id]
+
+    async def wait_turn(self, request: QueuedRequest, timeout_s: float | None = None) -> DispatchSlot:
+        """Queue ``request`` and wait for its slot; ``QueueFull`` at once, 503 after the timeout.
+
+        Cancellation (client gone) removes it from the queue, or gives back a slot granted meanwhile.
+        """
+        self._queue.push(request)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[request.request_id] = future
+        self._kick()
+        try:
+            async with asyncio.timeout(self._timeout if timeout_s is None else timeout_s):
+                await asyncio.shield(future)
+        except TimeoutError:
+            if not future.done():
+                self._queue.remove(request.request_id)
+                raise ServiceUnavailable("timed out waiting for a replica", code="queue_timeout") from None
+        except asyncio.CancelledError:
+            if _granted(future):
+                self._slot_ended(request.tenant_id)
+            else:
+                self._queue.remove(request.request_id)
+            raise
+        finally:
+            self._waiters.pop(request.request_id, None)
+        future.result()  # re-raises an error set by replace_queue
+        return DispatchSlot(request, self)
+
+    def _slot_ended(self, tenant_id: str) -> None:
+        self.in_flight -= 1
+        self._by_tenant[tenant_id] -= 1
+        self._kick()
+
+    def _kick(self) -> None:
+        while self.in_flight < self.capacity:
+            head = self._queue.peek_next()
+            if head is None or self._by_tenant[head.tenant_id] >= self.capacity - self.reserved:
+                return
+            popped = self._queue.pop_next()
+            if popped is None:
+                return
+            future = self._waiters.get(popped.request_id)
+            if future is None or future.done():
+                continue  # its waiter is gone; nothing to hand the slot to
+            self.in_flight += 1
+            self._by_tenant[popped.tenant_id] += 1
+            future.set_result(None)
+
+
+def _granted(future: asyncio.Future[None]) -> bool:
+    """A slot was handed over (result set), as opposed to pending, cancelled or failed."""
+    return future.done() and not future.cancelled() and future.exception() is None

@@ -1,0 +1,109 @@
+"""Prometheus metrics of one router, on a registry of its own (so several apps in a process never clash)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from cluster.request_timing import RequestTiming
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+TENANT = ("tenant", "sla_class")
+
+
+class ClusterMetrics:
+    """Counters and histograms labelled by tenant and SLA class; replica gauges by replica id."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "fairlane_requests", "Requests ended, by outcome.", (*TENANT, "outcome"), registry=r
+        )
+        self.rejections = Counter(
+            "fairlane_rejections", "Requests refused, by reason.", (*TENANT, "reason"), registry=r
+        )
+        self.prompt_tokens = Counter(
+            "fairlane_prompt_tokens", "Prompt tokens of served requests.", TENANT, registry=r
+        )
+        self.output_tokens = Counter("fairlane_output_tokens", "Output tokens streamed.", TENANT, registry=r)
+        self.ttft = Histogram(
+            "fairlane_ttft_seconds", "Time to first token.", TENANT, buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "fairlane_tpot_seconds",
+            "Time per output token after the first.",
+            TENANT,
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "fairlane_e2e_seconds", "End-to-end latency.", TENANT, buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_wait = Histogram(
+            "fairlane_queue_wait_seconds",
+            "Wait in the fair queue.",
+            TENANT,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "fairlane_queue_depth", "Requests waiting in the fair queue.", TENANT, registry=r
+        )
+        self.in_flight = Gauge(
+            "fairlane_dispatched_in_flight", "Requests dispatched and not ended.", registry=r
+        )
+        self.room = Gauge("fairlane_dispatch_room", "Requests this router may have in flight.", registry=r)
+        self.replicas = Gauge("fairlane_replicas", "Running replicas seen by this router.", registry=r)
+        self.batch_size = Gauge(
+            "fairlane_replica_batch_size", "Running sequences per replica.", ("replica",), registry=r
+        )
+        self.replica_waiting = Gauge(
+            "fairlane_replica_waiting", "Waiting sequences per replica.", ("replica",), registry=r
+        )
+        self.kv_usage = Gauge(
+            "fairlane_replica_kv_usage", "Share of KV blocks in use.", ("replica",), registry=r
+        )
+        self.busy = Gauge(
+            "fairlane_replica_device_busy_fraction",
+            "Device busy share (engine profiler).",
+            ("replica",),
+            registry=r,
+        )
+        self.store_degraded = Gauge(
+            "fairlane_quota_store_degraded", "1 while Redis is unreachable.", registry=r
+        )
+
+    def observe_end(self, t: RequestTiming) -> None:
+        labels = (t.tenant_id, t.sla_class)
+        self.requests.labels(*labels, t.outcome or "error").inc()
+        if t.outcome == "rejected":
+            self.rejections.labels(*labels, t.reason or "unknown").inc()
+            return
+        self.prompt_tokens.labels(*labels).inc(t.prompt_tokens)
+        for hist, value in (
+            (self.ttft, t.ttft),
+            (self.tpot, t.tpot),
+            (self.e2e, t.e2e),
+            (self.queue_wait, t.queue_wait),
+        ):
+            if value is not None and t.outcome == "ok":
+                hist.labels(*labels).observe(value)
+
+    def observe_tokens(self, tenant_id: str, sla_class: str, count: int) -> None:
+        self.output_tokens.labels(tenant_id, sla_class).inc(count)
+
+    def observe_load(self, load: dict) -> None:
+        rid = str(load.get("replica_id", "?"))
+        self.batch_size.labels(rid).set(load.get("running", 0))
+        self.replica_waiting.labels(rid).set(load.get("waiting", 0))
+        total = load.get("kv_blocks_total") or 0
+        self.kv_usage.labels(rid).set(load.get("kv_blocks_used", 0) / total if total else 0.0)
+
+    def observe_profile(self, profile: dict) -> None:
+        busy = profile.get("device_busy_fraction")
+        if busy is not None:
+            self.busy.labels(str(profile.get("replica_id", "?"))).set(busy)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

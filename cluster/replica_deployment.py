@@ -1,0 +1,121 @@
+"""The replica deployment: one ``replica.Engine`` per Serve replica, streamed through a deployment handle.
+
+Every generation is a streaming method (``handle.options(stream=True).generate.remote(...)``) that
+yields plain dicts, so nothing engine-specific has to be pickled across the handle. Invalid input
+is yielded as an ``{"error": ...}`` item instead of raised, because exceptions crossing a Ray
+boundary are wrapped and lose their type. When the caller cancels the stream (client gone), Serve
+cancels this generator; leaving ``engine.generate`` early aborts the request and frees its KV
+blocks (the engine's own ``finally``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from cluster.wire import GenerateArgs, error_item, output_item
+from replica import Engine, EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
+
+
+class ReplicaServer:
+    """A Serve deployment class (decorated by ``cluster.app``) that owns one engine."""
+
+    async def __init__(self, engine: dict[str, Any]) -> None:
+        self._engine = Engine(EngineConfig(**engine))
+        await self._engine.start()
+        self._replica_id = _replica_id()
+        self._started = time.monotonic()
+        self._waiting_tokens = 0  # prompt + max tokens of requests not yet producing; for routing
+
+    async def generate(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
+        """Stream one request's outputs as dicts; the last one has ``finish_reason`` set."""
+        try:
+            params = SamplingParams(**args.sampling)
+        except (InvalidRequestError, TypeError) as exc:
+            yield error_item("invalid_request", str(exc))
+            return
+        pending = len(args.prompt_ids) + params.max_tokens
+        self._waiting_tokens += pending
+        started = False
+        try:
+            stream = self._engine.generate(args.prompt_ids, params, request_id=args.request_id)
+            async for out in stream:
+                if not started:
+                    started = True
+                    self._waiting_tokens -= pending
+                yield output_item(out, self._replica_id)
+        except InvalidRequestError as exc:
+            yield error_item("invalid_request", str(exc))
+        except EngineError as exc:
+            yield error_item("engine_error", str(exc))
+        finally:
+            if not started:
+                self._waiting_tokens -= pending
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    def load(self) -> dict[str, Any]:
+        """Running/waiting requests and free KV blocks of this replica's engine."""
+        s = self._engine.stats()
+        return {
+            "replica_id": self._replica_id,
+            "running": s.running,
+            "waiting": s.waiting,
+            "waiting_tokens": self._waiting_tokens,
+            "kv_blocks_total": s.kv_blocks_total,
+            "kv_blocks_used": s.kv_blocks_used,
+            "kv_blocks_free": s.kv_blocks_free,
+            "num_preemptions": s.num_preemptions,
+            "output_tokens_per_s": s.output_tokens_per_s,
+        }
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Read by ``cluster.kv_router.KVAwareRouter`` to prefer free KV and few queued tokens."""
+        load = self.load()
+        return {k: load[k] for k in ("kv_blocks_free", "waiting", "waiting_tokens", "running")}
+
+    def profile(self) -> dict[str, Any]:
+        """The engine's step-time breakdown, plus this replica's id."""
+        return {"replica_id": self._replica_id, **self._engine.profile_summary()}
+
+    def info(self) -> dict[str, Any]:
+        """Static facts the routers need: the context limit and the KV capacity in tokens."""
+        core = self._engine.core
+        return {
+            "replica_id": self._replica_id,
+            "max_model_len": self._engine.max_model_len,
+            "kv_capacity_tokens": core.blocks.num_usable * core.blocks.block_size,
+            "device": str(self._engine.device),
+        }
+
+    async def check_health(self) -> None:
+        if not self._engine.running:
+            raise RuntimeError("the engine loop has stopped")
+
+    async def __del__(self) -> None:
+        # Serve awaits an async destructor on shutdown: stop the engine thread cleanly.
+        await self._engine.stop()
+
+
+def _replica_id() -> str:
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside Serve (unit use): the process id is unique enough
+        return f"pid-{os.getpid()}"
+
+
+def engine_output(item: dict[str, Any]) -> RequestOutput:
+    """Rebuild an engine ``RequestOutput`` from a streamed dict (for tests and tools)."""
+    return RequestOutput(
+        request_id=item["request_id"],
+        token_ids=item["token_ids"],
+        text=item["text"],
+        finish_reason=item["finish_reason"],
+        num_prompt_tokens=item["num_prompt_tokens"],
+        num_output_tokens=item["num_output_tokens"],
+    )

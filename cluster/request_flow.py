@@ -1,0 +1,195 @@
+"""One request's path through a router: admit → fair queue → dispatch → stream → release.
+
+``RequestRunner.open`` runs everything up to the first output, so errors before the first token
+(429, 400, 503) become HTTP statuses even for streamed requests. After that, ``ActiveRequest``
+streams and its ``close`` ends the request exactly once: it cancels the replica stream if still
+open (the replica then aborts the engine request and frees its KV blocks), gives back the
+dispatch slot, releases the quota lease with the real output tokens, and records the timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle
+
+from cluster.dispatcher import Dispatcher, DispatchSlot
+from cluster.errors import BadRequest, ClusterError, ServiceUnavailable
+from cluster.metrics import ClusterMetrics
+from cluster.request_timing import Outcome, RequestTiming, TimingRecorder
+from cluster.wire import GenerateArgs
+from tenancy import Lease, QueueFull, QuotaExceeded, QuotaManager, RequestLimitExceeded, Tenant
+
+RENEW_EVERY_S = 300.0  # well inside the shared store's lease TTL (900 s)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A validated, tokenized request ready for admission."""
+
+    request_id: str
+    tenant: Tenant
+    sla_class: str
+    prompt_ids: list[int]
+    sampling: dict[str, Any]
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.sampling["max_tokens"])
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    first_token_s: float
+    token_s: float
+
+
+class RequestRunner:
+    """Runs jobs against the replica deployment; one per router."""
+
+    def __init__(
+        self,
+        quotas: QuotaManager,
+        dispatcher: Dispatcher,
+        replicas: DeploymentHandle,
+        metrics: ClusterMetrics,
+        recorder: TimingRecorder,
+        timeouts: Timeouts,
+    ) -> None:
+        self.quotas = quotas
+        self.dispatcher = dispatcher
+        self._replicas = replicas.options(stream=True)
+        self.metrics = metrics
+        self.recorder = recorder
+        self.timeouts = timeouts
+
+    async def open(self, job: Job) -> ActiveRequest:
+        """Admit, wait for a fair turn, dispatch and wait for the first output."""
+        timing = RequestTiming(
+            job.request_id, job.tenant.id, job.sla_class, time.monotonic(), prompt_tokens=len(job.prompt_ids)
+        )
+        active = ActiveRequest(self, self.quotas, job, timing)
+        try:
+            active.lease = await self.quotas.admit(job.tenant, len(job.prompt_ids), job.max_tokens)
+            timing.admitted = time.monotonic()
+            queued = self.dispatcher.queue.make_request(
+                job.request_id, job.tenant.id, len(job.prompt_ids), job.max_tokens, timing.arrival
+            )
+            active.slot = await self.dispatcher.wait_turn(queued)
+            timing.dispatched = time.monotonic()
+            active.stream = self._replicas.generate.remote(
+                GenerateArgs(job.request_id, job.prompt_ids, job.sampling)
+            )
+            active.first = await active.next_item(self.timeouts.first_token_s)
+        except BaseException as exc:
+            await active.close(*_outcome(exc))
+            raise
+        return active
+
+
+class ActiveRequest:
+    """A dispatched request: iterate its outputs, then (or on any failure) ``close`` it."""
+
+    def __init__(self, runner: RequestRunner, quotas: QuotaManager, job: Job, timing: RequestTiming) -> None:
+        self._runner = runner
+        self._quotas = quotas  # the manager that admitted it, even if the config is reloaded meanwhile
+        self.job = job
+        self.timing = timing
+        self.lease: Lease | None = None
+        self.slot: DispatchSlot | None = None
+        self.stream = None
+        self.first: dict[str, Any] | None = None
+        self._finished = False
+        self._closed = False
+
+    async def outputs(self) -> AsyncIterator[dict[str, Any]]:
+        """Every output item, the first included; the request is closed when this ends."""
+        outcome: tuple[Outcome, str | None] = ("aborted", "client_gone")
+        try:
+            item = self.first
+            last_renew = time.monotonic()
+            while item is not None:
+                yield item
+                if item["finish_reason"] is not None:
+                    outcome = ("ok", item["finish_reason"])
+                    break
+                if self.lease is not None and time.monotonic() - last_renew > RENEW_EVERY_S:
+                    last_renew = time.monotonic()
+                    await self._quotas.renew(self.lease)
+                item = await self.next_item(self._runner.timeouts.token_s)
+        except BaseException as exc:
+            outcome = _outcome(exc)
+            raise
+        finally:
+            await self.close(*outcome)
+
+    async def next_item(self, timeout_s: float) -> dict[str, Any]:
+        """The next replica output; errors in the stream become typed exceptions."""
+        try:
+            item = await asyncio.wait_for(self.stream.__anext__(), timeout_s)
+        except TimeoutError:
+            raise ServiceUnavailable("the replica did not answer in time", code="replica_timeout") from None
+        except StopAsyncIteration:
+            raise ServiceUnavailable("the replica ended the stream early", code="replica_error") from None
+        except (ClusterError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a replica died or Serve could not route: retryable for the client
+            raise ServiceUnavailable(f"replica failure: {type(exc).__name__}", code="replica_error") from exc
+        error = item.get("error")
+        if error is not None:
+            if error["kind"] == "invalid_request":
+                raise BadRequest(error["message"], code="invalid_prompt")
+            raise ServiceUnavailable(error["message"], code="engine_error")
+        self._on_tokens(item)
+        return item
+
+    def _on_tokens(self, item: dict[str, Any]) -> None:
+        t = self.timing
+        new = item["num_output_tokens"] - t.output_tokens
+        if t.first_token is None and item["token_ids"]:
+            t.first_token = time.monotonic()
+        t.replica_id = item.get("replica_id", t.replica_id)
+        if new > 0:
+            t.output_tokens = item["num_output_tokens"]
+            self._runner.dispatcher.queue.charge(self.job.tenant.id, new)
+            self._runner.metrics.observe_tokens(t.tenant_id, t.sla_class, new)
+        if item["finish_reason"] is not None:
+            self._finished = True
+
+    async def close(self, outcome: Outcome, reason: str | None = None) -> None:
+        """End the request once: cancel the stream, free the slot, settle the lease, record."""
+        if self._closed:
+            return
+        self._closed = True
+        t = self.timing
+        if self.stream is not None and not self._finished:
+            self.stream.cancel()  # Serve cancels the replica generator → the engine aborts the request
+        if self.slot is not None:
+            self.slot.release()
+        if self.lease is not None:
+            # Shielded: a cancelled handler must still give the concurrency slot back.
+            await asyncio.shield(self._quotas.release(self.lease, t.output_tokens))
+        t.end = time.monotonic()
+        t.outcome, t.reason = outcome, reason
+        if t.first_token is None and outcome == "ok":
+            t.first_token = t.end  # zero-token completion: first "token" is the end
+        self._runner.recorder.add(t)
+        self._runner.metrics.observe_end(t)
+
+
+def _outcome(exc: BaseException) -> tuple[Outcome, str | None]:
+    if isinstance(exc, QuotaExceeded):
+        return "rejected", exc.reason
+    if isinstance(exc, QueueFull):
+        return "rejected", f"queue_full_{exc.scope}"
+    if isinstance(exc, RequestLimitExceeded | BadRequest):
+        return "invalid", getattr(exc, "limit", None) or getattr(exc, "code", None)
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "aborted", "client_gone"
+    if isinstance(exc, ServiceUnavailable):
+        return ("timeout" if exc.code and "timeout" in exc.code else "error"), exc.code
+    return "error", type(exc).__name__

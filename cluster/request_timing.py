@@ -1,0 +1,81 @@
+"""Per-request timing records: when each request arrived, was admitted, dispatched, answered, ended."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Outcome = Literal["ok", "rejected", "invalid", "error", "timeout", "aborted"]
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """Monotonic timestamps (seconds) of one request's life; None for stages it never reached."""
+
+    request_id: str
+    tenant_id: str
+    sla_class: str
+    arrival: float
+    admitted: float | None = None
+    dispatched: float | None = None
+    first_token: float | None = None
+    end: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    outcome: Outcome | None = None
+    reason: str | None = None
+    replica_id: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.end is None else self.end - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        """(E2E − TTFT) / (output tokens − 1), as ``vllm bench serve`` defines it."""
+        if self.end is None or self.first_token is None or self.output_tokens < 2:
+            return None
+        return (self.end - self.first_token) / (self.output_tokens - 1)
+
+    @property
+    def queue_wait(self) -> float | None:
+        if self.dispatched is None:
+            return None
+        return self.dispatched - (self.admitted if self.admitted is not None else self.arrival)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}
+
+
+class TimingRecorder:
+    """The last ``capacity`` finished records of this router, plus the replica-seconds used."""
+
+    def __init__(self, capacity: int = 50_000) -> None:
+        self._records: deque[RequestTiming] = deque(maxlen=capacity)
+        self.started = time.monotonic()
+        self.replica_seconds = 0.0
+        self._last_tick: float | None = None
+
+    def add(self, record: RequestTiming) -> None:
+        self._records.append(record)
+
+    def records(self) -> list[RequestTiming]:
+        return list(self._records)
+
+    def clear(self) -> None:
+        self._records.clear()
+        self.replica_seconds = 0.0
+        self.started = time.monotonic()
+
+    def tick_replicas(self, replicas: int, now: float | None = None) -> None:
+        """Integrate replicas × time (GPU-seconds when each replica holds one GPU)."""
+        now = time.monotonic() if now is None else now
+        if self._last_tick is not None:
+            self.replica_seconds += replicas * max(0.0, now - self._last_tick)
+        self._last_tick = now

@@ -1,0 +1,38 @@
+"""What travels between routers and replicas: small, plain, picklable values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from replica import RequestOutput
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateArgs:
+    """One generation: token ids (the router tokenizes) and ``replica.SamplingParams`` fields."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+
+def output_item(out: RequestOutput, replica_id: str) -> dict[str, Any]:
+    """One engine delivery as a dict; timing metrics only on the final one."""
+    item: dict[str, Any] = {
+        "request_id": out.request_id,
+        "token_ids": list(out.token_ids),
+        "text": out.text,
+        "finish_reason": out.finish_reason,
+        "num_prompt_tokens": out.num_prompt_tokens,
+        "num_output_tokens": out.num_output_tokens,
+        "replica_id": replica_id,
+    }
+    if out.metrics is not None:
+        item["num_preemptions"] = out.metrics.num_preemptions
+    return item
+
+
+def error_item(kind: str, message: str) -> dict[str, Any]:
+    """An error yielded in the stream; ``kind`` is ``invalid_request`` or ``engine_error``."""
+    return {"error": {"kind": kind, "message": message}}
