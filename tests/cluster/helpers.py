@@ -1,0 +1,105 @@
+"""Shared helpers of the cluster tests: a test tenancy config, app start-up, small HTTP clients."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+from ray import serve
+
+from cluster.app import build_app
+from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS, default_tenancy_config, hash_api_key
+
+MODEL = "smollm2-135m"
+LIMITED_KEY = "sk-test-limited"  # 2 requests per minute
+CAPPED_KEY = "sk-test-capped"  # 2 concurrent requests
+ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
+ALICE, BOB, CAROL = DEMO_KEYS["alice"], DEMO_KEYS["bob"], DEMO_KEYS["carol"]
+
+
+def _tenant(tid: str, key: str, sla: str, **quotas: int) -> dict:
+    base = {
+        "requests_per_minute": 6000,
+        "tokens_per_minute": 2_000_000,
+        "max_concurrent_requests": 64,
+        "max_tokens_per_request": 1024,
+        "max_context_length": 16384,
+    }
+    return {
+        "id": tid,
+        "display_name": tid,
+        "api_key_hashes": [hash_api_key(key)],
+        "weight": 1.0,
+        "sla_class": sla,
+        "quotas": base | quotas,
+    }
+
+
+def write_tenancy(path: Path) -> Path:
+    """The demo tenants with generous quotas, plus a rate-limited and a concurrency-capped tenant."""
+    data = default_tenancy_config().model_dump(mode="json")
+    for tenant in data["tenants"]:
+        tenant["quotas"] |= {
+            "requests_per_minute": 6000,
+            "tokens_per_minute": 2_000_000,
+            "max_concurrent_requests": 64,
+            "max_context_length": 16384,
+        }
+    data["tenants"] += [
+        _tenant("limited", LIMITED_KEY, "standard", requests_per_minute=2),
+        _tenant("capped", CAPPED_KEY, "standard", max_concurrent_requests=2),
+    ]
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def start_app(name: str, prefix: str, config: dict) -> None:
+    serve.run(build_app(config), name=name, route_prefix=prefix, blocking=False)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        app = serve.status().applications.get(name)
+        if app is not None and app.status == "RUNNING":
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"app {name} did not start")
+
+
+def admin_state(base: str) -> dict:
+    return httpx.get(f"{base}/admin/state", headers=ADMIN, timeout=10).json()
+
+
+def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
+
+
+def stream_ttft(base: str, key: str, prompt: str, max_tokens: int) -> float:
+    """Client-side time to the first content chunk of a streamed chat completion."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    ttft = None
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json=body,
+        timeout=120,
+        headers={"Authorization": f"Bearer {key}"},
+    ) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if ttft is None and line.startswith("data: {"):
+                ttft = time.perf_counter() - start
+    assert ttft is not None
+    return ttft
