@@ -1,0 +1,195 @@
+{{/* Names, labels and the values the templates share. */}}
+
+{{- define "fairlane.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name, kept short: KubeRay appends suffixes (-raycluster-xxxxx, -head-svc) to it. */}}
+{{- define "fairlane.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "fairlane.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "fairlane.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fairlane.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "fairlane.labels" -}}
+helm.sh/chart: {{ include "fairlane.chart" . }}
+{{ include "fairlane.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fairlane
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "fairlane.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "fairlane.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "fairlane.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* ---------- Redis ---------- */}}
+
+{{- define "fairlane.redis.fullname" -}}
+{{- printf "%s-redis" (include "fairlane.fullname" .) }}
+{{- end }}
+
+{{/* True ("true") when some Redis (built-in or external) is configured. */}}
+{{- define "fairlane.redis.configured" -}}
+{{- if or .Values.redis.enabled .Values.externalRedis.host }}true{{ end }}
+{{- end }}
+
+{{- define "fairlane.redis.host" -}}
+{{- if .Values.redis.enabled }}
+{{- printf "%s.%s.svc" (include "fairlane.redis.fullname" .) .Release.Namespace }}
+{{- else }}
+{{- .Values.externalRedis.host }}
+{{- end }}
+{{- end }}
+
+{{- define "fairlane.redis.port" -}}
+{{- if .Values.redis.enabled }}6379{{ else }}{{ .Values.externalRedis.port }}{{ end }}
+{{- end }}
+
+{{/* host:port, the form gcsFaultToleranceOptions.redisAddress takes. */}}
+{{- define "fairlane.redis.address" -}}
+{{- printf "%s:%s" (include "fairlane.redis.host" .) (include "fairlane.redis.port" .) }}
+{{- end }}
+
+{{/* The quota store URL: no password in it (the app reads FAIRLANE_REDIS_PASSWORD from the Secret). */}}
+{{- define "fairlane.redis.url" -}}
+{{- printf "redis://%s/%d" (include "fairlane.redis.address" .) (int .Values.redis.quotaDatabase) }}
+{{- end }}
+
+{{/* Secret that holds the Redis password; empty when there is none (external Redis without auth). */}}
+{{- define "fairlane.redis.secretName" -}}
+{{- if .Values.redis.enabled }}
+{{- default (include "fairlane.redis.fullname" .) .Values.redis.auth.existingSecret }}
+{{- else }}
+{{- .Values.externalRedis.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{- define "fairlane.redis.secretKey" -}}
+{{- if .Values.redis.enabled }}
+{{- .Values.redis.auth.existingSecretPasswordKey }}
+{{- else }}
+{{- .Values.externalRedis.existingSecretPasswordKey }}
+{{- end }}
+{{- end }}
+
+{{/* ---------- Tenancy ---------- */}}
+
+{{- define "fairlane.tenancy.configMapName" -}}
+{{- printf "%s-tenancy" (include "fairlane.fullname" .) }}
+{{- end }}
+
+{{- define "fairlane.tenancy.keysSecretName" -}}
+{{- default (printf "%s-tenant-keys" (include "fairlane.fullname" .)) .Values.tenancy.keys.existingSecret }}
+{{- end }}
+
+{{/* Where the app reads the merged tenancy YAML (AppConfig.tenancy_config). */}}
+{{- define "fairlane.tenancy.path" -}}
+/etc/fairlane/tenancy/tenants.yaml
+{{- end }}
+
+{{/* The tenancy config without key hashes: the ConfigMap's tenancy.yaml. */}}
+{{- define "fairlane.tenancy.public" -}}
+{{- $t := omit .Values.tenancy "keys" }}
+{{- toYaml $t }}
+{{- end }}
+
+{{/* ---------- serveConfigV2 ---------- */}}
+
+{{/* AppConfig args: the values' app section plus the fields the chart owns. */}}
+{{- define "fairlane.appArgs" -}}
+{{- $args := deepCopy .Values.app }}
+{{- $_ := set $args "tenancy_config" (include "fairlane.tenancy.path" .) }}
+{{- $_ := set $args "host" "0.0.0.0" }}
+{{- $_ := set $args "port" (int .Values.serve.port) }}
+{{- if include "fairlane.redis.configured" . }}
+{{- $_ := set $args "redis_url" (include "fairlane.redis.url" .) }}
+{{- end }}
+{{- toYaml $args }}
+{{- end }}
+
+{{- define "fairlane.serveConfig" -}}
+proxy_location: {{ .Values.serve.proxyLocation }}
+http_options:
+  host: 0.0.0.0
+  port: {{ .Values.serve.port }}
+applications:
+  - name: {{ .Values.serve.applicationName }}
+    route_prefix: {{ .Values.serve.routePrefix }}
+    import_path: cluster.app:build_app
+    args:
+      {{- include "fairlane.appArgs" . | nindent 6 }}
+{{- end }}
+
+{{/* ---------- Checks that JSON schema cannot express ---------- */}}
+
+{{- define "fairlane.validate" -}}
+{{- $w := .Values.gpuWorkers }}
+{{- if or (lt (int $w.replicas) (int $w.minReplicas)) (gt (int $w.replicas) (int $w.maxReplicas)) }}
+{{- fail (printf "gpuWorkers.replicas (%d) must lie between minReplicas (%d) and maxReplicas (%d)" (int $w.replicas) (int $w.minReplicas) (int $w.maxReplicas)) }}
+{{- end }}
+{{- $a := .Values.app.autoscaling }}
+{{- if $a }}
+{{- if lt (int $a.max_replicas) (int $a.min_replicas) }}
+{{- fail "app.autoscaling.max_replicas must be >= app.autoscaling.min_replicas" }}
+{{- end }}
+{{- $need := mulf (float64 $a.max_replicas) (float64 (default 1.0 .Values.app.replica_num_gpus)) }}
+{{- $have := float64 (mul (int $w.maxReplicas) (int $w.gpusPerPod)) }}
+{{- if gt $need $have }}
+{{- fail (printf "app.autoscaling.max_replicas x app.replica_num_gpus needs %v GPUs but gpuWorkers.maxReplicas x gpusPerPod gives %v" $need $have) }}
+{{- end }}
+{{- end }}
+{{- if and (gt (int .Values.app.num_routers) 1) (not (include "fairlane.redis.configured" .)) }}
+{{- fail "app.num_routers > 1 needs Redis for shared quota state: set redis.enabled or externalRedis.host" }}
+{{- end }}
+{{- if and .Values.gcsFaultTolerance.enabled (not (include "fairlane.redis.configured" .)) }}
+{{- fail "gcsFaultTolerance.enabled needs Redis: set redis.enabled or externalRedis.host" }}
+{{- end }}
+{{- if and .Values.gcsFaultTolerance.enabled (not (include "fairlane.redis.secretName" .)) }}
+{{- fail "gcsFaultTolerance.enabled needs a Redis password Secret: set externalRedis.existingSecret" }}
+{{- end }}
+{{- if not .Values.tenancy.keys.existingSecret }}
+{{- if not .Values.tenancy.keys.admin_key_hash }}
+{{- fail "tenancy.keys.admin_key_hash (or tenancy.keys.existingSecret) is required" }}
+{{- end }}
+{{- range .Values.tenancy.tenants }}
+{{- if not (index (default dict $.Values.tenancy.keys.api_key_hashes) .id) }}
+{{- fail (printf "tenancy.keys.api_key_hashes.%s: tenant %s has no API key hash" .id .id) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $classes := list }}
+{{- range .Values.tenancy.sla_classes }}{{ $classes = append $classes .name }}{{ end }}
+{{- range .Values.tenancy.tenants }}
+{{- if not (has .sla_class $classes) }}
+{{- fail (printf "tenancy.tenants %s: unknown sla_class %s" .id .sla_class) }}
+{{- end }}
+{{- end }}
+{{- end }}
