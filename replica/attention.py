@@ -33,6 +33,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor  # [num_decode, max_blocks] (padded with block 0)
     decode_context_lens: torch.Tensor  # [num_decode]
     prefills: list[PrefillChunk]
+    decode_backend: str = "torch"  # "torch" (reference, tables trimmed to the step) or "triton" (CUDA)
 
 
 def write_kv(
@@ -45,19 +46,53 @@ def write_kv(
 
 
 def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
 ) -> torch.Tensor:
-    """Attention for every row of q [num_tokens, heads, head_dim]; keys and values come from the cache."""
-    out = torch.empty_like(q)
+    """Attention for every row of q [num_tokens, heads, head_dim].
+
+    k and v are this step's new keys and values (already written to the cache): a chunk that is a
+    sequence's whole context attends to them directly instead of reading the cache back.
+    """
+    k_cache, v_cache = kv_cache
     nd = meta.num_decode
+    if nd == q.shape[0] and meta.decode_backend == "triton":
+        return _triton_decode(q, k_cache, v_cache, meta, scale)  # pure decode: no extra copy
+    out = torch.empty_like(q)
     if nd:
-        out[:nd] = decode_attention(
-            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
-        )
+        if meta.decode_backend == "triton":
+            out[:nd] = _triton_decode(q[:nd], k_cache, v_cache, meta, scale)
+        else:
+            out[:nd] = decode_attention(
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+            )
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
+        if chunk.context_len == chunk.q_len:
+            out[rows] = causal_attention(q[rows], k[rows], v[rows], scale)
+        else:
+            out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
     return out
+
+
+def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    from replica.triton_decode import paged_decode_attention
+
+    return paged_decode_attention(
+        q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+    )
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """A whole sequence in one chunk: plain causal attention over its own new keys and values."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True
+    )
+    return out.transpose(0, 1)
 
 
 def decode_attention(

@@ -1,10 +1,11 @@
 """Engine benchmark: our engine (async and sync) against transformers, side by side in one run.
 
-    python -m replica.bench --model smollm2-135m --device cpu --concurrency 16 --max-tokens 128 --json out.json
+    python -m replica.bench --model smollm2-135m --device cpu --concurrency 16 --max-tokens 128 --json o.json
 
 Every request generates exactly --max-tokens tokens (EOS ignored), so modes do the same work. Modes:
 async / sync: this engine; hf: transformers `generate` on the whole batch at once (padded);
-hf-single: transformers `generate`, one request at a time (the single-stream figure).
+hf-single: transformers `generate`, one request at a time (the single-stream figure); hf-cb:
+transformers' own continuous batching (`generate_batch`, async batching on).
 Runs with torch, transformers and numpy alone, so it works on the GPU machine's image too.
 """
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from replica.engine import Engine
 from replica.model_loader import LoadedModel
 from replica.sampling_params import SamplingParams
 
-MODES = ("async", "sync", "hf", "hf-single")
+MODES = ("async", "sync", "hf", "hf-single", "hf-cb")
 
 
 def make_prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -34,7 +35,7 @@ def make_prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[lis
     return [rng.integers(100, vocab - 100, size=length).tolist() for _ in range(count)]
 
 
-async def run_engine(args, mode: str) -> tuple[dict, LoadedModel]:
+async def run_engine(args, mode: str) -> dict:
     config = EngineConfig(
         model=args.model,
         device=args.device,
@@ -48,13 +49,20 @@ async def run_engine(args, mode: str) -> tuple[dict, LoadedModel]:
     prompts = make_prompts(engine.loaded.config.vocab_size, args.concurrency, args.prompt_len)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     await _drive(engine, prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    engine.core.profiler.records.clear()  # the engine is idle now: profile only the timed run
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     per_request = await _drive(engine, prompts, params)
     wall = time.perf_counter() - start
     result = _summarise(mode, per_request, wall, engine.profile_summary())
     result["outputs"] = [r["tokens"] for r in per_request]
+    result["kv_blocks"] = engine.stats().kv_blocks_total
+    if torch.cuda.is_available():
+        result["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        result["roofline"] = roofline(engine.loaded, args, result["output_tokens_per_s"])
     await engine.stop()
-    return result, engine.loaded
+    return result
 
 
 async def _drive(engine: Engine, prompts, params) -> list[dict]:
@@ -88,6 +96,7 @@ def _summarise(mode: str, per_request: list[dict], wall: float, profile: dict) -
         "ttft_ms_p50": _pct(ttft, 50),
         "mean_step_ms": _step_ms(profile),
         "device_busy_fraction": profile.get("device_busy_fraction"),
+        "decode_device_busy_fraction": profile.get("decode_device_busy_fraction"),
         "profile": profile,
     }
 
@@ -157,16 +166,95 @@ def run(args) -> dict:
     if unknown:
         raise SystemExit(f"unknown modes {sorted(unknown)}; choose from {MODES}")
     results: dict[str, dict] = {}
-    loaded = None
     for mode in [m for m in modes if m in ("async", "sync")]:
-        results[mode], loaded = asyncio.run(run_engine(args, mode))
-        if torch.cuda.is_available():
-            results[mode]["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    for mode in [m for m in modes if m.startswith("hf")]:
-        if loaded is None:
-            loaded = _load_only(args)
-        results[mode] = run_hf(args, loaded, batched=mode == "hf")
+        results[mode] = asyncio.run(run_engine(args, mode))
+        _release_memory()
+    hf_modes = [m for m in modes if m.startswith("hf")]
+    if hf_modes:
+        loaded = _load_only(args)  # same preset and seed: the same weights the engine ran
+        for mode in hf_modes:
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                results[mode] = (
+                    run_hf_cb(args, loaded) if mode == "hf-cb" else run_hf(args, loaded, mode == "hf")
+                )
+            except (
+                Exception
+            ) as exc:  # a baseline the installed transformers cannot run is reported, not fatal
+                results[mode] = {"mode": mode, "error": repr(exc)[:500], "output_tokens_per_s": float("nan")}
+            if torch.cuda.is_available():
+                results[mode]["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            _release_memory()
     return _report(args, results)
+
+
+def _release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def copy_bandwidth_gbps(size_gb: float = 2.0) -> float:
+    """Device-to-device copy rate, counting bytes read plus bytes written (the roofline's ceiling)."""
+    src = torch.empty(int(size_gb * 2**30), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000.0 / 10
+    del src, dst
+    return 2 * size_gb * 2**30 / seconds / 1e9
+
+
+def roofline(loaded: LoadedModel, args, measured_tok_s: float) -> dict:
+    """Bytes a decode step must read (weights + the batch's KV) over copy bandwidth -> max tokens/s."""
+    model, cfg = loaded.model, loaded.config
+    weights = sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if n != "embed_tokens.weight"
+    )
+    if cfg.tie_word_embeddings:
+        weights += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model.head_dim * 2  # bf16
+    mean_context = args.prompt_len + args.max_tokens / 2
+    step_bytes = weights + args.concurrency * mean_context * kv_per_token
+    bandwidth = copy_bandwidth_gbps()
+    step_s = step_bytes / (bandwidth * 1e9)
+    ceiling = args.concurrency / step_s
+    return {
+        "weight_bytes": weights,
+        "kv_bytes_per_step": step_bytes - weights,
+        "copy_bandwidth_gbps": bandwidth,
+        "roofline_tokens_per_s": ceiling,
+        "share_of_roofline": measured_tok_s / ceiling,
+    }
+
+
+def run_hf_cb(args, loaded: LoadedModel) -> dict:
+    """transformers' own continuous batching (`generate_batch`), async batching on where it exists."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    from replica.hf_reference import hf_model_like
+
+    model = hf_model_like(loaded)
+    prompts = make_prompts(loaded.config.vocab_size, args.concurrency, args.prompt_len)
+    generation = GenerationConfig(
+        max_new_tokens=args.max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    batching = ContinuousBatchingConfig(use_async_batching=True)
+    model.generate_batch(
+        prompts[:2], generation_config=generation, continuous_batching_config=batching
+    )  # warm-up
+    start = time.perf_counter()
+    outputs = model.generate_batch(prompts, generation_config=generation, continuous_batching_config=batching)
+    wall = time.perf_counter() - start
+    total = sum(len(o.generated_tokens) for o in outputs.values())
+    return {"mode": "hf-cb", "output_tokens": total, "wall_s": wall, "output_tokens_per_s": total / wall}
 
 
 def _load_only(args) -> LoadedModel:
@@ -186,15 +274,17 @@ def _report(args, results: dict[str, dict]) -> dict:
         "torch": torch.__version__,
         "args": vars(args),
         "results": {m: {k: v for k, v in r.items() if k != "outputs"} for m, r in results.items()},
+        "outputs_first_tokens": {
+            m: [o[:16] for o in r["outputs"]] for m, r in results.items() if "outputs" in r
+        },
         "ratios": {},
         "greedy_agreement": {},
     }
-    base = results.get("hf-single") or results.get("hf")
+    baselines = [m for m in ("hf", "hf-single", "hf-cb") if "error" not in results.get(m, {"error": 1})]
     for mode in ("async", "sync"):
-        if mode in results and base:
-            report["ratios"][f"{mode}_vs_{base['mode']}"] = (
-                results[mode]["output_tokens_per_s"] / base["output_tokens_per_s"]
-            )
+        for base in baselines if mode in results else []:
+            ratio = results[mode]["output_tokens_per_s"] / results[base]["output_tokens_per_s"]
+            report["ratios"][f"{mode}_vs_{base}"] = ratio
     if "async" in results and "sync" in results:
         report["ratios"]["async_vs_sync"] = (
             results["async"]["output_tokens_per_s"] / results["sync"]["output_tokens_per_s"]
@@ -202,10 +292,10 @@ def _report(args, results: dict[str, dict]) -> dict:
         same = [a == b for a, b in zip(results["async"]["outputs"], results["sync"]["outputs"], strict=True)]
         report["greedy_agreement"]["async_equals_sync"] = all(same)
     for hf_mode in ("hf", "hf-single"):
-        if "async" in results and hf_mode in results:
+        if "async" in results and "outputs" in results.get(hf_mode, {}):
             div = [
                 first_divergence(a, b)
-                for a, b in zip(results["async"]["outputs"], results[hf_mode]["outputs"])
+                for a, b in zip(results["async"]["outputs"], results[hf_mode]["outputs"], strict=False)
             ]
             report["greedy_agreement"][f"first_divergence_vs_{hf_mode}"] = div
     return report
@@ -214,11 +304,17 @@ def _report(args, results: dict[str, dict]) -> dict:
 def print_table(report: dict) -> None:
     print(f"\n{'mode':<10} {'tok/s':>10} {'wall s':>8} {'TPOT p50 ms':>12} {'step ms':>9} {'busy':>6}")
     for mode, r in report["results"].items():
+        if "error" in r:
+            print(f"{mode:<10} error: {r['error'][:100]}")
+            continue
         step = r.get("mean_step_ms")
         busy = r.get("device_busy_fraction")
+        step = float("nan") if step is None else step
+        busy = float("nan") if busy is None else busy
+        tpot = r.get("tpot_ms_p50") or 0.0
         print(
-            f"{mode:<10} {r['output_tokens_per_s']:>10.1f} {r['wall_s']:>8.2f} {r.get('tpot_ms_p50') or 0:>12.2f} "
-            f"{step if step is not None else float('nan'):>9.2f} {busy if busy is not None else float('nan'):>6.2f}"
+            f"{mode:<10} {r['output_tokens_per_s']:>10.1f} {r['wall_s']:>8.2f} "
+            f"{tpot:>12.2f} {step:>9.2f} {busy:>6.2f}"
         )
     for name, value in report["ratios"].items():
         print(f"{name}: {value:.2f}x")

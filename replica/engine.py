@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as SeqOf
 
+import numpy as np
 import torch
 
 from replica.block_manager import BlockManager
@@ -78,7 +79,10 @@ class Engine:
         self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, model_cfg.max_position_embeddings)
         num_blocks = cfg.num_kv_blocks or self._default_num_blocks()
         blocks = BlockManager(num_blocks, cfg.block_size)
-        runner = ModelRunner(self.loaded.model, self.device, num_blocks, cfg.block_size)
+        runner = ModelRunner(
+            self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
+            cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs,
+        )  # fmt: skip
         scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         return EngineCore(runner, scheduler, self._eos_ids(), cfg.mode, cfg.profile_history)
 
@@ -154,6 +158,7 @@ class Engine:
             seed=(seed ^ (seed >> 32)) & 0xFFFFFFFF,
             arrival=time.monotonic(),
             max_len=self.max_model_len,
+            block_array=np.zeros(self.core.runner.table_width, dtype=np.int64),
         )
         detok = None
         if self.tokenizer is not None:

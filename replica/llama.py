@@ -49,7 +49,7 @@ class Attention(nn.Module):
         v = v.view(-1, self.kv_heads, self.head_dim)
         q, k = RotaryEmbedding.apply(q, k, *cos_sin)
         write_kv(kv_cache[0], kv_cache[1], meta.slot_mapping, k, v)
-        out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 

@@ -2,8 +2,12 @@
 
 `launch` only enqueues work (on CUDA) and returns a handle; `wait` blocks on that step's D2H event
 and returns the sampled ids. The engine launches step N+1 before it waits for step N, so host and
-device overlap. Tokens that step N samples reach step N+1 on the device: a placeholder input row
-names its source row in N's samples and is filled in by a gather before the forward.
+device overlap. A token that step N samples reaches step N+1 on the device: its input row names
+the source row in N's samples (`prev_rows`) and a gather fills it in before the forward.
+
+Streams: H2D copies run on the H2D stream; the compute stream waits for the H2D event, runs the
+forward and sampler (a CUDA graph for pure greedy decodes) and records compute_done; the D2H
+stream waits for that and copies the samples to pinned memory. The host waits only on D2H events.
 """
 
 from __future__ import annotations
@@ -15,38 +19,56 @@ import numpy as np
 import torch
 
 from replica.attention import AttentionMetadata, PrefillChunk
+from replica.cuda_graphs import DecodeGraphs
+from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
 from replica.sampler import SamplingTensors, sample
 from replica.scheduler import StepPlan
-from replica.step_inputs import StepInputs, build_step_inputs
+from replica.step_inputs import StepLayout, fill_step
 from replica.streams import StepStreams
 
 
 @dataclass
 class StepHandle:
     plan: StepPlan
-    samples_host: torch.Tensor
+    set_index: int
+    num_samples: int
     prepare_ms: float
-    events: dict  # name -> event: start, h2d_done, compute_done, d2h_done
+    graphed: bool
+    events: dict  # start, h2d_done, compute_start, compute_done, d2h_done
+    prev_compute_done: object | None  # the previous step's compute_done: the gap since is device idle
 
     def timings_ms(self) -> dict[str, float]:
         ev = self.events
+        gap = 0.0
+        if self.prev_compute_done is not None:
+            gap = max(0.0, self.prev_compute_done.elapsed_time(ev["compute_start"]))
         return {
             "prepare_ms": self.prepare_ms,
             "h2d_ms": ev["start"].elapsed_time(ev["h2d_done"]),
-            "compute_ms": ev["h2d_done"].elapsed_time(ev["compute_done"]),
+            "compute_ms": ev["compute_start"].elapsed_time(ev["compute_done"]),
             "d2h_ms": ev["compute_done"].elapsed_time(ev["d2h_done"]),
+            "gap_ms": gap,
         }
 
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM, device: torch.device, num_blocks: int, block_size: int
+        self,
+        model: LlamaForCausalLM,
+        device: torch.device,
+        num_blocks: int,
+        block_size: int,
+        max_tokens: int,
+        max_seqs: int,
+        max_model_len: int,
+        cuda_graphs: bool = True,
     ) -> None:
         cfg = model.config
         self.model = model
         self.device = device
         self.block_size = block_size
+        self.table_width = -(-max_model_len // block_size)
         self.streams = StepStreams(device)
         dtype = next(model.parameters()).dtype
         shape = (num_blocks, block_size, cfg.num_key_value_heads, model.head_dim)
@@ -54,7 +76,17 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_hidden_layers)
         ]
-        self._prev_samples: torch.Tensor | None = None
+        self.decode_backend = "triton" if device.type == "cuda" else "torch"
+        self.buffers = [
+            StepBuffers(device, max(max_tokens, max_seqs), max_seqs, self.table_width) for _ in (0, 1)
+        ]
+        self._step_count = 0
+        self._prev_valid = False  # whether the other set's samples hold the previous step's tokens
+        self._last_compute_done = None
+        self.graphs: DecodeGraphs | None = None
+        if device.type == "cuda" and cuda_graphs:
+            self.graphs = DecodeGraphs(self._graph_step, max_seqs)
+            self.graphs.capture(self.streams.compute)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -64,85 +96,108 @@ class ModelRunner:
 
     def reset_carry(self) -> None:
         """Forget the last step's samples (after a failed step nothing may read them)."""
-        self._prev_samples = None
+        self._prev_valid = False
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> StepHandle:
         t0 = time.perf_counter()
-        host = build_step_inputs(plan, self.block_size)
+        set_index = self._step_count % 2
+        buf = self.buffers[set_index]
+        layout = fill_step(plan, buf, self.block_size)
+        if layout.has_placeholders and not self._prev_valid:
+            raise RuntimeError("a carried token has no previous step to come from")
+        graph_size = self._graph_size(layout)
+        if graph_size is not None:
+            self._pad_decode(buf, layout.num_decode, graph_size)
         prepare_ms = (time.perf_counter() - t0) * 1000.0
-        events = {name: self.streams.event() for name in ("start", "h2d_done", "compute_done", "d2h_done")}
+        names = ("start", "h2d_done", "compute_start", "compute_done", "d2h_done")
+        events = {name: self.streams.event() for name in names}
         with self.streams.on("h2d"):
             events["start"].record()
-            dev = self._to_device(host)
+            counts = layout.copy_counts()
+            if graph_size is not None:
+                counts = {
+                    name: max(count, graph_size) for name, count in counts.items() if name != "prefill_tables"
+                }
+            buf.copy_to_device(counts)
             events["h2d_done"].record()
         self.streams.wait("compute", events["h2d_done"])
         with self.streams.on("compute"):
-            samples = self._forward_and_sample(host, dev)
+            events["compute_start"].record()
+            if graph_size is not None:
+                self.graphs.replay(set_index, graph_size)
+            else:
+                self._eager_step(set_index, layout)
             events["compute_done"].record()
         self.streams.wait("d2h", events["compute_done"])
         with self.streams.on("d2h"):
-            samples_host = samples.to("cpu", non_blocking=self.streams.is_cuda)
+            buf.copy_samples_to_host(layout.num_samples)
             events["d2h_done"].record()
-        self._prev_samples = samples
-        return StepHandle(plan, samples_host, prepare_ms, events)
+        self._step_count += 1
+        self._prev_valid = True
+        prev_done, self._last_compute_done = self._last_compute_done, events["compute_done"]
+        return StepHandle(
+            plan, set_index, layout.num_samples, prepare_ms, graph_size is not None, events, prev_done
+        )
 
     def wait(self, handle: StepHandle) -> np.ndarray:
         """Block until the step's tokens are on the host; the engine's only planned wait."""
         handle.events["d2h_done"].synchronize()
-        return handle.samples_host.numpy()
+        return self.buffers[handle.set_index].samples_host.numpy()[: handle.num_samples]
 
-    def _to_device(self, host: StepInputs) -> dict[str, torch.Tensor]:
-        names = (
-            "input_ids",
-            "prev_rows",
-            "positions",
-            "slot_mapping",
-            "decode_block_tables",
-            "decode_context_lens",
-            "sample_rows",
-            "temperature",
-            "top_k",
-            "top_p",
-            "seed",
-            "out_position",
-        )
-        blocking = not self.streams.is_cuda
-        out = {
-            n: torch.from_numpy(getattr(host, n)).to(self.device, non_blocking=not blocking) for n in names
-        }
-        out["prefill_tables"] = [
-            torch.from_numpy(p[3]).to(self.device, non_blocking=not blocking) for p in host.prefills
-        ]
-        return out
+    # ---- device work ---------------------------------------------------------------------------------
+    def _graph_size(self, layout: StepLayout) -> int | None:
+        pure_decode = layout.num_decode == layout.num_tokens
+        if self.graphs is None or not pure_decode or not layout.all_greedy:
+            return None
+        return self.graphs.padded_size(layout.num_decode)
 
-    def _forward_and_sample(self, host: StepInputs, dev: dict) -> torch.Tensor:
-        input_ids = dev["input_ids"]
-        if host.has_placeholders:
-            if self._prev_samples is None:
-                raise RuntimeError("a placeholder token has no previous step to come from")
-            carried = self._prev_samples[dev["prev_rows"].clamp(min=0)]
-            input_ids = torch.where(dev["prev_rows"] >= 0, carried, input_ids)
+    def _pad_decode(self, buf: StepBuffers, used: int, size: int) -> None:
+        """Padded rows: token 0 at position 0 of the reserved block 0, sampling their own row."""
+        a = buf.np
+        pad = slice(used, size)
+        for name in ("input_ids", "positions", "slot_mapping", "decode_tables"):
+            a[name][pad] = 0
+        a["prev_rows"][pad] = -1
+        a["decode_lens"][pad] = 1
+        a["sample_rows"][:size] = np.arange(size)
+
+    def _carried_ids(self, set_index: int, count: int) -> torch.Tensor:
+        dev = self.buffers[set_index].dev
+        source = self.buffers[1 - set_index].samples_dev
+        prev = dev["prev_rows"][:count]
+        return torch.where(prev >= 0, source[prev.clamp(min=0)], dev["input_ids"][:count])
+
+    def _graph_step(self, set_index: int, size: int) -> None:
+        """The captured body: a padded, all-greedy, pure-decode step."""
+        buf = self.buffers[set_index]
+        dev = buf.dev
         meta = AttentionMetadata(
-            slot_mapping=dev["slot_mapping"],
-            num_decode=len(host.decode_context_lens),
-            decode_block_tables=dev["decode_block_tables"],
-            decode_context_lens=dev["decode_context_lens"],
-            prefills=[
-                PrefillChunk(q_start, q_len, ctx, table)
-                for (q_start, q_len, ctx, _), table in zip(host.prefills, dev["prefill_tables"], strict=True)
-            ],
-        )
-        hidden = self.model(input_ids, dev["positions"], self.kv_caches, meta)
-        logits = self.model.compute_logits(hidden[dev["sample_rows"]])
+            slot_mapping=dev["slot_mapping"][:size], num_decode=size,
+            decode_block_tables=dev["decode_tables"][:size], decode_context_lens=dev["decode_lens"][:size],
+            prefills=[], decode_backend=self.decode_backend,
+        )  # fmt: skip
+        hidden = self.model(self._carried_ids(set_index, size), dev["positions"][:size], self.kv_caches, meta)
+        buf.samples_dev[:size].copy_(self.model.compute_logits(hidden).argmax(dim=-1))
+
+    def _eager_step(self, set_index: int, layout: StepLayout) -> None:
+        buf = self.buffers[set_index]
+        dev = buf.dev
+        t, nd, s = layout.num_tokens, layout.num_decode, layout.num_samples
+        width = layout.decode_width if self.decode_backend == "torch" else self.table_width
+        meta = AttentionMetadata(
+            slot_mapping=dev["slot_mapping"][:t], num_decode=nd,
+            decode_block_tables=dev["decode_tables"][:nd, :width],
+            decode_context_lens=dev["decode_lens"][:nd],
+            prefills=[PrefillChunk(q, n, ctx, dev["prefill_tables"][r]) for q, n, ctx, r in layout.prefills],
+            decode_backend=self.decode_backend,
+        )  # fmt: skip
+        input_ids = self._carried_ids(set_index, t) if layout.has_placeholders else dev["input_ids"][:t]
+        hidden = self.model(input_ids, dev["positions"][:t], self.kv_caches, meta)
+        logits = self.model.compute_logits(hidden[dev["sample_rows"][:s]])
         params = SamplingTensors(
-            temperature=dev["temperature"],
-            top_k=dev["top_k"],
-            top_p=dev["top_p"],
-            seed=dev["seed"],
-            position=dev["out_position"],
-            all_greedy=bool((host.temperature == 0).all()),
-            any_top_k=bool((host.top_k > 0).any()),
-            any_top_p=bool((host.top_p < 1).any()),
-        )
-        return sample(logits, params)
+            temperature=dev["temperature"][:s], top_k=dev["top_k"][:s], top_p=dev["top_p"][:s],
+            seed=dev["seed"][:s], position=dev["out_position"][:s], all_greedy=layout.all_greedy,
+            any_top_k=layout.any_top_k, any_top_p=layout.any_top_p,
+        )  # fmt: skip
+        buf.samples_dev[:s].copy_(sample(logits, params))

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
-FIELDS = ("prepare_ms", "h2d_ms", "compute_ms", "d2h_ms", "postprocess_ms", "wait_ms", "idle_ms")
+FIELDS = ("prepare_ms", "h2d_ms", "compute_ms", "d2h_ms", "gap_ms", "postprocess_ms", "wait_ms", "idle_ms")
 
 
 @dataclass
@@ -22,9 +22,17 @@ class StepRecord:
     h2d_ms: float
     compute_ms: float  # device: forward + sampling (CUDA events; host clock on CPU)
     d2h_ms: float
+    gap_ms: float  # device idle between the previous step's compute and this one's
     postprocess_ms: float  # host: append tokens, stops, deliver outputs
     wait_ms: float  # host blocked on the step's D2H event
     idle_ms: float  # loop waited for work before this step
+
+
+def busy_fraction(records: list[StepRecord]) -> float | None:
+    """Device compute time over compute plus the idle gaps before each step (None without records)."""
+    busy = sum(r.compute_ms for r in records)
+    idle = sum(r.gap_ms for r in records)
+    return busy / (busy + idle) if busy + idle > 0 else None
 
 
 class StepProfiler:
@@ -61,9 +69,9 @@ class StepProfiler:
             }
         out["mean_batch_size"] = statistics.fmean(r.batch_size for r in records)
         out["mean_tokens"] = statistics.fmean(r.num_tokens for r in records)
-        span_s = max(records[-1].at - records[0].at, 1e-9)
-        busy_ms = sum(r.compute_ms for r in records[1:])
-        out["device_busy_fraction"] = min(1.0, busy_ms / (span_s * 1000.0)) if len(records) > 1 else None
+        out["device_busy_fraction"] = busy_fraction(records[1:])
+        decode = [r for r in records[1:] if r.num_prefill_tokens == 0]
+        out["decode_device_busy_fraction"] = busy_fraction(decode)
         return out
 
     def recent(self, count: int = 100) -> list[dict]:

@@ -93,7 +93,10 @@ class Scheduler:
 
     def _claim(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         start = seq.num_computed
+        had = len(seq.block_table)
         self.blocks.allocate(seq.block_table, start + num_new)
+        if seq.block_array is not None and len(seq.block_table) > had:
+            seq.block_array[had : len(seq.block_table)] = seq.block_table[had:]
         samples = start + num_new == seq.num_tokens
         prev_row = seq.pending_row if seq.num_pending else -1
         seq.num_computed += num_new

@@ -6,6 +6,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from replica.sampling_params import SamplingParams
 
 
@@ -36,6 +38,7 @@ class Sequence:
     num_pending: int = 0
     pending_row: int = -1  # row of the pending token in the in-flight step's samples
     block_table: list[int] = field(default_factory=list)
+    block_array: np.ndarray | None = None  # the same table as int64, for vectorised input building
     finish_reason: str | None = None
     num_preemptions: int = 0
     emit: Callable[..., None] | None = None  # set by the engine: delivers outputs to the caller

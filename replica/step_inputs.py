@@ -1,92 +1,108 @@
-"""Host-side inputs of one step, built from a plan with numpy (no per-token torch objects)."""
+"""Fill a step's IO buffers from its plan: numpy writes into preallocated arrays, no torch objects."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from replica.io_buffers import StepBuffers
 from replica.scheduler import StepPlan
 
 
 @dataclass
-class StepInputs:
-    input_ids: np.ndarray  # [T] int64; placeholder rows hold 0
-    prev_rows: np.ndarray  # [T] int64; >= 0: take the id from the previous step's samples
-    positions: np.ndarray  # [T] int64
-    slot_mapping: np.ndarray  # [T] int64
-    decode_block_tables: np.ndarray  # [D, max_blocks] int64, padded with block 0
-    decode_context_lens: np.ndarray  # [D] int64
-    prefills: list[tuple[int, int, int, np.ndarray]]  # (q_start, q_len, context_len, block_table)
-    sample_rows: np.ndarray  # [S] int64: the row whose hidden state draws each sampled token
-    temperature: np.ndarray  # [S] float32
-    top_k: np.ndarray  # [S] int64
-    top_p: np.ndarray  # [S] float32
-    seed: np.ndarray  # [S] int64
-    out_position: np.ndarray  # [S] int64: index of the output token being drawn
+class StepLayout:
+    """Sizes and host-side facts of a filled step (what the runner needs without touching the device)."""
 
-    @property
-    def has_placeholders(self) -> bool:
-        return bool((self.prev_rows >= 0).any())
+    num_tokens: int
+    num_decode: int
+    num_samples: int
+    decode_width: int  # blocks in the longest decode table this step
+    prefills: list[tuple[int, int, int, int]] = field(default_factory=list)  # q_start, q_len, ctx, table row
+    has_placeholders: bool = False
+    all_greedy: bool = True
+    any_top_k: bool = False
+    any_top_p: bool = False
+
+    def copy_counts(self) -> dict[str, int]:
+        t, d, s, p = self.num_tokens, self.num_decode, self.num_samples, len(self.prefills)
+        return {
+            "input_ids": t, "prev_rows": t, "positions": t, "slot_mapping": t, "decode_tables": d,
+            "decode_lens": d, "prefill_tables": p, "sample_rows": s, "temperature": s, "top_k": s,
+            "top_p": s, "seed": s, "out_position": s,
+        }  # fmt: skip
 
 
-def build_step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
-    ids: list[int] = []
-    prev_rows: list[int] = []
-    positions: list[np.ndarray] = []
-    slots: list[np.ndarray] = []
-    sample_rows: list[int] = []
-    prefills: list[tuple[int, int, int, np.ndarray]] = []
-    decode_tables: list[list[int]] = []
-    for item in plan.items:
-        seq, start, count = item.seq, item.start, item.num_new
-        known = seq.tokens[start : start + count]
-        ids.extend(known)
-        prev_rows.extend([-1] * len(known))
-        if len(known) < count:  # the last input token is still on the device
-            ids.append(0)
-            prev_rows.append(item.prev_row)
-        pos = np.arange(start, start + count, dtype=np.int64)
-        table = np.asarray(seq.block_table, dtype=np.int64)
-        positions.append(pos)
-        slots.append(table[pos // block_size] * block_size + pos % block_size)
-        row = len(ids) - count
-        if count == 1:
-            decode_tables.append(seq.block_table)
-        else:
-            prefills.append((row, count, start + count, table))
-        if item.samples:
-            sample_rows.append(len(ids) - 1)
-    return StepInputs(
-        input_ids=np.asarray(ids, dtype=np.int64),
-        prev_rows=np.asarray(prev_rows, dtype=np.int64),
-        positions=np.concatenate(positions),
-        slot_mapping=np.concatenate(slots),
-        decode_block_tables=_pad_tables(decode_tables),
-        decode_context_lens=np.asarray(
-            [it.start + 1 for it in plan.items[: plan.num_decode]], dtype=np.int64
-        ),
-        prefills=prefills,
-        sample_rows=np.asarray(sample_rows, dtype=np.int64),
-        **_sampling_arrays(plan),
+def fill_step(plan: StepPlan, buf: StepBuffers, block_size: int) -> StepLayout:
+    arrays = buf.np
+    decode = plan.items[: plan.num_decode]
+    nd = len(decode)
+    width = 0
+    placeholders = False
+    if nd:
+        width = _fill_decode(decode, arrays, block_size)
+        placeholders = bool((arrays["prev_rows"][:nd] >= 0).any())
+    layout = StepLayout(plan.num_tokens, nd, 0, width, has_placeholders=placeholders)
+    row = nd
+    for index, item in enumerate(plan.items[nd:]):
+        _fill_chunk(item, row, index, arrays, block_size)
+        layout.prefills.append((row, item.num_new, item.start + item.num_new, index))
+        row += item.num_new
+    _fill_sampling(plan, arrays, layout)
+    return layout
+
+
+def _fill_decode(decode: list, arrays: dict[str, np.ndarray], block_size: int) -> int:
+    """Decode rows, vectorised: one token each, at position `start`."""
+    nd = len(decode)
+    seqs = [item.seq for item in decode]
+    starts = np.fromiter((item.start for item in decode), dtype=np.int64, count=nd)
+    prev = np.fromiter((item.prev_row for item in decode), dtype=np.int64, count=nd)
+    known = np.fromiter(
+        (s.tokens[i.start] if i.prev_row < 0 else 0 for s, i in zip(seqs, decode, strict=True)), np.int64, nd
     )
+    width = max(len(s.block_table) for s in seqs)
+    tables = np.stack([s.block_array[:width] for s in seqs])
+    arrays["input_ids"][:nd] = known
+    arrays["prev_rows"][:nd] = prev
+    arrays["positions"][:nd] = starts
+    arrays["slot_mapping"][:nd] = (
+        tables[np.arange(nd), starts // block_size] * block_size + starts % block_size
+    )
+    arrays["decode_tables"][:nd, :width] = tables
+    arrays["decode_lens"][:nd] = starts + 1
+    return width
 
 
-def _pad_tables(tables: list[list[int]]) -> np.ndarray:
-    width = max((len(t) for t in tables), default=1)
-    out = np.zeros((len(tables), width), dtype=np.int64)
-    for i, table in enumerate(tables):
-        out[i, : len(table)] = table
-    return out
+def _fill_chunk(item, row: int, index: int, arrays: dict[str, np.ndarray], block_size: int) -> None:
+    """A multi-token chunk of a prompt (or of a recomputation): all its tokens are known on the host."""
+    seq, start, count = item.seq, item.start, item.num_new
+    rows = slice(row, row + count)
+    pos = np.arange(start, start + count, dtype=np.int64)
+    table = seq.block_array
+    arrays["input_ids"][rows] = seq.tokens[start : start + count]
+    arrays["prev_rows"][rows] = -1
+    arrays["positions"][rows] = pos
+    arrays["slot_mapping"][rows] = table[pos // block_size] * block_size + pos % block_size
+    arrays["prefill_tables"][index, : len(seq.block_table)] = table[: len(seq.block_table)]
 
 
-def _sampling_arrays(plan: StepPlan) -> dict[str, np.ndarray]:
-    seqs = [item.seq for item in plan.sampling_items]
-    return {
-        "temperature": np.asarray([s.params.temperature for s in seqs], dtype=np.float32),
-        "top_k": np.asarray([s.params.top_k for s in seqs], dtype=np.int64),
-        "top_p": np.asarray([s.params.top_p for s in seqs], dtype=np.float32),
-        "seed": np.asarray([s.seed for s in seqs], dtype=np.int64),
-        # Pending was counted when the step was planned: the token being drawn is the last one.
-        "out_position": np.asarray([s.num_tokens - 1 - s.num_prompt for s in seqs], dtype=np.int64),
-    }
+def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLayout) -> None:
+    rows, seqs, row = [], [], 0
+    for item in plan.items:
+        row += item.num_new
+        if item.samples:
+            rows.append(row - 1)
+            seqs.append(item.seq)
+    s = len(seqs)
+    layout.num_samples = s
+    arrays["sample_rows"][:s] = rows
+    arrays["temperature"][:s] = [q.params.temperature for q in seqs]
+    arrays["top_k"][:s] = [q.params.top_k for q in seqs]
+    arrays["top_p"][:s] = [q.params.top_p for q in seqs]
+    arrays["seed"][:s] = [q.seed for q in seqs]
+    # Pending was counted when the step was planned: the token being drawn is the last one.
+    arrays["out_position"][:s] = [q.num_tokens - 1 - q.num_prompt for q in seqs]
+    layout.all_greedy = bool((arrays["temperature"][:s] == 0).all())
+    layout.any_top_k = bool((arrays["top_k"][:s] > 0).any())
+    layout.any_top_p = bool((arrays["top_p"][:s] < 1).any())
