@@ -1,4 +1,4 @@
-"""Rendering the fairlane chart with real Helm (helm-python-sdk: Helm's Go SDK as a library) and reading it."""
+"""Rendering the fairlane chart with real Helm (helm-python-sdk, Helm's Go SDK as a library)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Every rendered object checked against a schema: Kubernetes' own (kubernetes-validate, offline, strict) for
-built-in kinds and pod templates; hand-written KubeRay v1 and Prometheus Operator field checks for the CRDs."""
+"""Every rendered object checked against a schema.
+
+Kubernetes' own (kubernetes-validate, offline, strict) for built-in kinds and pod templates; hand-written
+KubeRay v1 and Prometheus Operator field checks for the CRDs.
+"""
 
 from __future__ import annotations
 
@@ -82,7 +85,9 @@ def test_rayservice_matches_kuberay_v1_fields(rendered: Rendered) -> None:
         (("spec", "serveConfig"), "x"),
     ],
 )
-def test_kuberay_field_check_rejects_wrong_fields(default: Rendered, path: tuple[str, ...], value: Any) -> None:
+def test_kuberay_field_check_rejects_wrong_fields(
+    default: Rendered, path: tuple[str, ...], value: Any
+) -> None:
     doc = copy.deepcopy(default.rayservice)
     node = doc
     for key in path[:-1]:
