@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from cluster.errors import ServiceUnavailable
@@ -54,6 +54,7 @@ class Dispatcher:
         self._timeout = queue_timeout_s
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self._by_tenant: Counter[str] = Counter()
+        self._waiting: dict[str, deque[str]] = {}  # request ids per tenant, oldest first (may hold stale ids)
         self.in_flight = 0
 
     @property
@@ -108,6 +109,7 @@ class Dispatcher:
         Cancellation (client gone) removes it from the queue, or gives back a slot granted meanwhile.
         """
         self._queue.push(request)
+        self._waiting.setdefault(request.tenant_id, deque()).append(request.request_id)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = future
         self._kick()
@@ -137,9 +139,9 @@ class Dispatcher:
     def _kick(self) -> None:
         while self.in_flight < self.capacity:
             head = self._queue.peek_next()
-            if head is None or self._by_tenant[head.tenant_id] >= self.capacity - self.reserved:
+            if head is None:
                 return
-            popped = self._queue.pop_next()
+            popped = self._queue.pop_next() if not self._capped(head.tenant_id) else self._pop_uncapped()
             if popped is None:
                 return
             future = self._waiters.get(popped.request_id)
@@ -148,6 +150,30 @@ class Dispatcher:
             self.in_flight += 1
             self._by_tenant[popped.tenant_id] += 1
             future.set_result(None)
+
+    def _capped(self, tenant_id: str) -> bool:
+        return self._by_tenant[tenant_id] >= self.capacity - self.reserved
+
+    def _pop_uncapped(self) -> QueuedRequest | None:
+        """The fair choice is at its cap and cannot use the free slot: give it to the uncapped tenant
+        with the smallest counter instead (work-conserving; the capped tenant loses nothing it could use).
+
+        ``FairQueue`` pops only its own choice, so this removes the request by id and charges its
+        prompt the way ``pop_next`` would (prompt / weight, expressed as output tokens at ×2).
+        """
+        best: tuple[float, str] | None = None
+        for tenant_id, ids in self._waiting.items():
+            while ids and ids[0] not in self._queue:
+                ids.popleft()  # granted, cancelled or moved: forget it
+            if ids and not self._capped(tenant_id):
+                key = (self._queue.counter(tenant_id), tenant_id)
+                best = key if best is None or key < best else best
+        if best is None:
+            return None
+        request = self._queue.remove(self._waiting[best[1]].popleft())
+        if request is not None:
+            self._queue.charge(request.tenant_id, math.ceil(request.prompt_tokens / 2))
+        return request
 
 
 def _granted(future: asyncio.Future[None]) -> bool:

@@ -41,7 +41,7 @@ def app_config(tenancy_file: Path) -> dict:
     return {
         "engine": {"device": "cpu", "kv_cache_tokens": 16384, "max_num_seqs": 16},
         "tenancy_config": str(tenancy_file),
-        "replica_room": 4,
+        "replica_room": 2,
         "load_poll_interval_s": 0.5,
     }
 
