@@ -9,6 +9,9 @@ import pytest
 
 from tests.helm.chart import NAMESPACE, Rendered, chart_defaults, ci_values, merged, render
 
+DEMO_KEYS = chart_defaults()["tenancy"]["keys"]["api_key_hashes"]
+HASH = "sha256:" + "2" * 64
+
 
 def _container(template: dict, name: str) -> dict:
     (found,) = [c for c in template["spec"]["containers"] if c["name"] == name]
@@ -181,8 +184,9 @@ def test_every_volume_mount_has_a_volume_and_every_reference_resolves(rendered: 
 def test_pod_annotations_change_when_tenants_change(default: Rendered) -> None:
     """A new tenant or key rolls the Ray pods (KubeRay upgrades the cluster), so the app reloads tenants."""
     before = default.cluster["headGroupSpec"]["template"]["metadata"]["annotations"]
-    bob = {"bob": ["sha256:" + "1" * 64]}
-    after = render({"tenancy": {"keys": {"api_key_hashes": bob}}})
+    keys = chart_defaults()["tenancy"]["keys"]["api_key_hashes"]
+    keys[1] = {"tenant": "bob", "hashes": ["sha256:" + "1" * 64]}
+    after = render({"tenancy": {"keys": {"api_key_hashes": keys}}})
     annotations = after.cluster["headGroupSpec"]["template"]["metadata"]["annotations"]
     assert annotations["checksum/tenant-keys"] != before["checksum/tenant-keys"]
     assert annotations["checksum/tenancy"] == before["checksum/tenancy"]
@@ -200,13 +204,18 @@ def test_pod_annotations_change_when_tenants_change(default: Rendered) -> None:
          "num_routers > 1 needs Redis"),
         ({"redis": {"enabled": False}, "app": {"num_routers": 1}}, "gcsFaultTolerance.enabled needs Redis"),
         ({"redis": {"enabled": False}, "externalRedis": {"host": "r"}}, "needs a Redis password Secret"),
-        ({"tenancy": {"keys": {"api_key_hashes": {"alice": None}}}}, "tenant alice has no API key hash"),
+        ({"tenancy": {"keys": {"api_key_hashes": DEMO_KEYS[1:]}}}, "tenant alice has no API key hash"),
+        ({"tenancy": {"keys": {"api_key_hashes": [*DEMO_KEYS, {"tenant": "eve", "hashes": [HASH]}]}}},
+         "eve is not a tenant in tenancy.tenants"),
+        ({"tenancy": {"keys": {"api_key_hashes": [*DEMO_KEYS, {"tenant": "bob", "hashes": [HASH]}]}}},
+         "tenant bob is listed twice"),
         ({"tenancy": {"keys": {"admin_key_hash": ""}}}, "tenancy.keys.admin_key_hash"),
         ({"tenancy": {"tenants": [{"id": "t", "display_name": "T", "weight": 1, "sla_class": "gold",
                                    "quotas": {"requests_per_minute": 1, "tokens_per_minute": 1,
                                               "max_concurrent_requests": 1, "max_tokens_per_request": 1,
                                               "max_context_length": 1}}],
-                      "keys": {"api_key_hashes": {"t": ["sha256:" + "2" * 64]}}}}, "unknown sla_class gold"),
+                      "keys": {"api_key_hashes": [{"tenant": "t", "hashes": [HASH]}]}}},
+         "unknown sla_class gold"),
     ],
 )
 def test_inconsistent_values_fail_the_render_with_a_clear_message(values: dict, message: str) -> None:

@@ -179,9 +179,21 @@ applications:
 {{- if not .Values.tenancy.keys.admin_key_hash }}
 {{- fail "tenancy.keys.admin_key_hash (or tenancy.keys.existingSecret) is required" }}
 {{- end }}
-{{- range .Values.tenancy.tenants }}
-{{- if not (index (default dict $.Values.tenancy.keys.api_key_hashes) .id) }}
-{{- fail (printf "tenancy.keys.api_key_hashes.%s: tenant %s has no API key hash" .id .id) }}
+{{- $ids := list }}
+{{- range .Values.tenancy.tenants }}{{ $ids = append $ids .id }}{{ end }}
+{{- $keyed := list }}
+{{- range .Values.tenancy.keys.api_key_hashes }}
+{{- if not (has .tenant $ids) }}
+{{- fail (printf "tenancy.keys.api_key_hashes: %s is not a tenant in tenancy.tenants" .tenant) }}
+{{- end }}
+{{- if has .tenant $keyed }}
+{{- fail (printf "tenancy.keys.api_key_hashes: tenant %s is listed twice" .tenant) }}
+{{- end }}
+{{- $keyed = append $keyed .tenant }}
+{{- end }}
+{{- range $ids }}
+{{- if not (has . $keyed) }}
+{{- fail (printf "tenancy.keys.api_key_hashes: tenant %s has no API key hash" .) }}
 {{- end }}
 {{- end }}
 {{- end }}
