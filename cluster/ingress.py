@@ -31,6 +31,7 @@ from replica import SamplingParams
 from tenancy import Tenant, parse_bearer
 
 REPLICA_DEPLOYMENT = "Replica"
+NON_STREAM_COALESCE_S = 0.05  # outputs of a non-streamed request travel in 50 ms batches
 api = FastAPI(title="fairlane", docs_url=None, redoc_url=None)
 
 
@@ -199,7 +200,8 @@ class Ingress:
             "stop": body.stop_tuple(),
         }
         SamplingParams(**sampling)  # validate here: a bad value is a 400 before any quota is taken
-        return Job(request_id, tenant, tenant.sla_class, ids, sampling)
+        coalesce = 0.0 if body.stream else NON_STREAM_COALESCE_S
+        return Job(request_id, tenant, tenant.sla_class, ids, sampling, coalesce)
 
     async def _check_context(self, prompt_tokens: int, max_tokens: int) -> None:
         if self._max_model_len is None:

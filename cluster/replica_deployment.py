@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from cluster.wire import GenerateArgs, error_item, output_item
+from cluster.wire import GenerateArgs, error_item, merge_items, output_item
 from replica import Engine, EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
 
 
@@ -41,11 +41,18 @@ class ReplicaServer:
         started = False
         try:
             stream = self._engine.generate(args.prompt_ids, params, request_id=args.request_id)
+            held: dict[str, Any] | None = None
+            last_yield = 0.0
             async for out in stream:
-                if not started:
-                    started = True
-                    self._waiting_tokens -= pending
-                yield output_item(out, self._replica_id)
+                item = output_item(out, self._replica_id)
+                held = item if held is None else merge_items(held, item)
+                now = time.monotonic()
+                if not started or out.finished or now - last_yield >= args.coalesce_s:
+                    if not started:
+                        started = True
+                        self._waiting_tokens -= pending
+                    yield held
+                    held, last_yield = None, now
         except InvalidRequestError as exc:
             yield error_item("invalid_request", str(exc))
         except EngineError as exc:

@@ -36,6 +36,7 @@ class Job:
     sla_class: str
     prompt_ids: list[int]
     sampling: dict[str, Any]
+    coalesce_s: float = 0.0
 
     @property
     def max_tokens(self) -> int:
@@ -82,7 +83,7 @@ class RequestRunner:
             active.slot = await self.dispatcher.wait_turn(queued)
             timing.dispatched = time.monotonic()
             active.stream = self._replicas.generate.remote(
-                GenerateArgs(job.request_id, job.prompt_ids, job.sampling)
+                GenerateArgs(job.request_id, job.prompt_ids, job.sampling, job.coalesce_s)
             )
             active.first = await active.next_item(self.timeouts.first_token_s)
         except BaseException as exc:

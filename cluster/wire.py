@@ -15,6 +15,9 @@ class GenerateArgs:
     request_id: str
     prompt_ids: list[int]
     sampling: dict[str, Any] = field(default_factory=dict)
+    # Seconds to gather outputs after the first before yielding: non-streamed responses need no
+    # per-token messages, and each message costs CPU in the replica, Serve and the router.
+    coalesce_s: float = 0.0
 
 
 def output_item(out: RequestOutput, replica_id: str) -> dict[str, Any]:
@@ -36,3 +39,11 @@ def output_item(out: RequestOutput, replica_id: str) -> dict[str, Any]:
 def error_item(kind: str, message: str) -> dict[str, Any]:
     """An error yielded in the stream; ``kind`` is ``invalid_request`` or ``engine_error``."""
     return {"error": {"kind": kind, "message": message}}
+
+
+def merge_items(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """Two consecutive output dicts as one (token ids and text concatenated, counts from the later)."""
+    merged = dict(later)
+    merged["token_ids"] = first["token_ids"] + later["token_ids"]
+    merged["text"] = first["text"] + later["text"]
+    return merged

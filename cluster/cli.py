@@ -1,0 +1,115 @@
+"""The ``fairlane`` command: serve, demo, profile (and ``bench``, added by the benchmarks owner)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import typer
+from ray import serve
+from rich.console import Console
+from rich.table import Table
+
+from cluster.config import AppConfig, load_app_config
+from cluster.local_cluster import APP_NAME, free_port, local_cluster
+from tenancy import DEMO_KEYS
+
+app = typer.Typer(help="fairlane: multi-tenant LLM serving on Ray Serve.", no_args_is_help=True)
+console = Console()
+
+# ---- bench sub-app (owned by the benchmarks engineer; add it here) ----------------------------
+# from cluster.bench_cli import bench_app
+# app.add_typer(bench_app, name="bench")
+# -------------------------------------------------------------------------------------------------
+
+
+def _cpu_demo_config(port: int) -> AppConfig:
+    """The embedded default on a small CPU box: SmolLM2 on CPU, two requests in flight per replica."""
+    return AppConfig.model_validate(
+        {"engine": {"device": "cpu", "kv_cache_tokens": 8192}, "replica_room": 2, "port": port}
+    )
+
+
+@app.command("serve")
+def serve_cmd(
+    config: Path | None = typer.Option(None, "--config", help="App config YAML (cluster.config.AppConfig)."),
+    address: str | None = typer.Option(None, "--address", help="Ray address to join; default: start one."),
+    port: int | None = typer.Option(None, "--port", help="HTTP port (overrides the config)."),
+) -> None:
+    """Run the cluster until interrupted (default: local Ray, in-memory quotas, SmolLM2, port 8000)."""
+    overrides = {} if port is None else {"port": port}
+    cfg = load_app_config(config, overrides)
+    with local_cluster(cfg, address) as base_url:
+        console.print(f"fairlane serving [bold]{cfg.served_model_name}[/] at {base_url}/v1 (Ctrl-C to stop)")
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+
+
+@app.command()
+def demo(
+    duration: float = typer.Option(25.0, help="Seconds of load."),
+    port: int | None = typer.Option(None, help="HTTP port; default: a free one."),
+) -> None:
+    """Start the cluster, run three tenants (one noisy) for a short while, print the SLA table."""
+    from cluster.demo import print_report, run_load
+
+    cfg = _cpu_demo_config(port or free_port())
+    with local_cluster(cfg) as base_url:
+        console.print(
+            f"cluster up at {base_url}; load: alice x1, bob x2, carol x8 (noisy) for {duration:.0f}s"
+        )
+        report = asyncio.run(run_load(base_url, cfg.served_model_name, duration))
+    print_report(report, console)
+
+
+@app.command()
+def profile(
+    requests: int = typer.Option(8, help="Concurrent requests to profile."),
+    max_tokens: int = typer.Option(32, help="Output tokens per request."),
+) -> None:
+    """Run a short load on one replica and print its step-time breakdown (engine profiler)."""
+    cfg = _cpu_demo_config(free_port()).model_copy(update={"replica_room": requests})
+    with local_cluster(cfg) as base_url:
+        asyncio.run(_profile_load(base_url, cfg.served_model_name, requests, max_tokens))
+        summary = serve.get_deployment_handle("Replica", APP_NAME).profile.remote().result(timeout_s=30)
+    console.print(profile_table(summary))
+
+
+async def _profile_load(base_url: str, model: str, requests: int, max_tokens: int) -> None:
+    headers = {"Authorization": f"Bearer {DEMO_KEYS['alice']}"}
+    body = {
+        "model": model,
+        "prompt": "Tell me about the history of Paris.",
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+        await asyncio.gather(
+            *[client.post("/v1/completions", json=body, headers=headers) for _ in range(requests)]
+        )
+
+
+def profile_table(summary: dict) -> Table:
+    """Rows for each timed field (mean/p50/p99 ms) then the scalar figures."""
+    table = Table(
+        title=f"replica {summary.get('replica_id', '?')}: step-time breakdown ({summary.get('steps')} steps)"
+    )
+    for col in ("field", "mean", "p50", "p99"):
+        table.add_column(col, justify="left" if col == "field" else "right")
+    for name, value in summary.items():
+        if isinstance(value, dict):
+            table.add_row(name, *(f"{value.get(k, 0):.3f}" for k in ("mean", "p50", "p99")))
+    for name, value in summary.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            table.add_row(name, f"{value:.3f}" if isinstance(value, float) else str(value), "", "")
+    return table
+
+
+def main() -> None:
+    app()

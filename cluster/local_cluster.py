@@ -1,0 +1,62 @@
+"""Starting the app on this machine (CLI, demo, benchmarks): local Ray, Serve on a port, then shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+
+from cluster.app import compose
+from cluster.config import AppConfig
+
+APP_NAME = "fairlane"
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+START_TIMEOUT_S = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ray(address: str | None, num_cpus: int | None = None) -> None:
+    """Join ``address`` or start a local Ray; workers must import ``cluster`` from this checkout."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
+    if address is None:
+        kwargs["num_cpus"] = num_cpus or max(4, os.cpu_count() or 1)
+    ray.init(address=address, **kwargs)
+
+
+def deploy(config: AppConfig, name: str = APP_NAME) -> str:
+    """Run the app and wait until it is RUNNING; returns its base URL."""
+    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.run(compose(config), name=name, route_prefix="/", blocking=False)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        status = serve.status().applications.get(name)
+        if status is not None and status.status == "RUNNING":
+            return f"http://{config.host}:{config.port}"
+        if status is not None and status.status == "DEPLOY_FAILED":
+            raise RuntimeError(f"the app failed to deploy: {status.message}")
+        time.sleep(0.5)
+    raise TimeoutError(f"the app did not start within {START_TIMEOUT_S:.0f}s")
+
+
+@contextlib.contextmanager
+def local_cluster(config: AppConfig, address: str | None = None) -> Iterator[str]:
+    """Ray + Serve + the app for the duration of the block; everything is shut down after."""
+    start_ray(address)
+    try:
+        yield deploy(config)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
