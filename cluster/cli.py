@@ -19,7 +19,7 @@ from cluster.local_cluster import APP_NAME, free_port, local_cluster
 from tenancy import DEMO_KEYS
 
 app = typer.Typer(help="fairlane: multi-tenant LLM serving on Ray Serve.", no_args_is_help=True)
-console = Console()
+console = Console(width=160)  # tables stay readable when piped
 
 # ---- bench sub-app (owned by the benchmarks engineer; add it here) ----------------------------
 # from cluster.bench_cli import bench_app
@@ -28,9 +28,9 @@ console = Console()
 
 
 def _cpu_demo_config(port: int) -> AppConfig:
-    """The embedded default on a small CPU box: SmolLM2 on CPU, two requests in flight per replica."""
+    """The embedded default on a small CPU box: SmolLM2 on CPU, four requests in flight per replica."""
     return AppConfig.model_validate(
-        {"engine": {"device": "cpu", "kv_cache_tokens": 8192}, "replica_room": 2, "port": port}
+        {"engine": {"device": "cpu", "kv_cache_tokens": 8192}, "replica_room": 4, "port": port}
     )
 
 
