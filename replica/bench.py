@@ -168,6 +168,7 @@ def run(args) -> dict:
     results: dict[str, dict] = {}
     for mode in [m for m in modes if m in ("async", "sync")]:
         results[mode] = asyncio.run(run_engine(args, mode))
+        _progress(args, results, mode)
         _release_memory()
     hf_modes = [m for m in modes if m.startswith("hf")]
     if hf_modes:
@@ -185,8 +186,20 @@ def run(args) -> dict:
                 results[mode] = {"mode": mode, "error": repr(exc)[:500], "output_tokens_per_s": float("nan")}
             if torch.cuda.is_available():
                 results[mode]["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            _progress(args, results, mode)
             _release_memory()
     return _report(args, results)
+
+
+def _progress(args, results: dict[str, dict], mode: str) -> None:
+    """Print each mode as it finishes and keep the JSON current, so a cut-off run still reports."""
+    r = results[mode]
+    print(
+        f"[bench] {mode}: {r.get('output_tokens_per_s', float('nan')):.1f} tok/s {r.get('error', '')}",
+        flush=True,
+    )
+    if args.json:
+        args.json.write_text(json.dumps(_report(args, results), indent=2, default=str))
 
 
 def _release_memory() -> None:

@@ -32,6 +32,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's own limit, capped at 8192
     cuda_graphs: bool = True
+    fused_kernels: bool = True  # CUDA: Triton kernels for norm+residual, rope+KV write, SiLU×up
     weights_seed: int = 0
     profile_history: int = 4096  # steps kept by the step profiler
 

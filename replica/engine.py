@@ -67,6 +67,7 @@ class Engine:
         self.core.stop()
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+        self.core.runner.close()  # give the KV cache and graph pool back: a new engine may start here
 
     @property
     def running(self) -> bool:
@@ -81,7 +82,7 @@ class Engine:
         blocks = BlockManager(num_blocks, cfg.block_size)
         runner = ModelRunner(
             self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
-            cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs,
+            cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels,
         )  # fmt: skip
         scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         return EngineCore(runner, scheduler, self._eos_ids(), cfg.mode, cfg.profile_history)

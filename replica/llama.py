@@ -52,6 +52,21 @@ class Attention(nn.Module):
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
+    def forward_fused(self, x, positions, rope_table, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """CUDA: one kernel rotates q and k in place and writes k and v to the cache."""
+        from replica.triton_fused import rope_and_cache
+
+        qkv = self.qkv_proj(x)
+        rope_and_cache(
+            qkv, positions, rope_table, meta.slot_mapping, kv_cache, self.heads, self.kv_heads, self.head_dim
+        )
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.heads, self.head_dim)
+        k = k.view(-1, self.kv_heads, self.head_dim)
+        v = v.view(-1, self.kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
@@ -63,6 +78,11 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        from replica.triton_fused import silu_mul
+
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -95,6 +115,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg, self.head_dim)
+        self.fused = False  # the model runner turns on the fused Triton path on CUDA
 
     def forward(
         self,
@@ -103,11 +124,28 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        if self.fused:
+            return self._forward_fused(input_ids, positions, kv_caches, meta)
         x = self.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos_sin, kv_cache, meta)
         return self.norm(x)
+
+    def _forward_fused(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        """The same maths as `forward` with the residual stream kept apart and norms fused with adds."""
+        from replica.triton_fused import add_rmsnorm
+
+        residual = self.embed_tokens(input_ids)
+        table = self.rotary.table(positions.device)
+        eps = self.config.rms_norm_eps
+        hidden = add_rmsnorm(residual, None, self.layers[0].input_layernorm.weight, eps)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            attn = layer.self_attn.forward_fused(hidden, positions, table, kv_cache, meta)
+            hidden = add_rmsnorm(attn, residual, layer.post_attention_layernorm.weight, eps)
+            after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            hidden = add_rmsnorm(layer.mlp.forward_fused(hidden), residual, after.weight, eps)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -63,6 +63,7 @@ class ModelRunner:
         max_seqs: int,
         max_model_len: int,
         cuda_graphs: bool = True,
+        fused_kernels: bool = True,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -77,6 +78,7 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.decode_backend = "triton" if device.type == "cuda" else "torch"
+        model.fused = device.type == "cuda" and fused_kernels
         self.buffers = [
             StepBuffers(device, max(max_tokens, max_seqs), max_seqs, self.table_width) for _ in (0, 1)
         ]
@@ -93,6 +95,13 @@ class ModelRunner:
         cfg = model.config
         per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model.head_dim
         return per_token * block_size * torch.finfo(dtype).bits // 8
+
+    def close(self) -> None:
+        """Drop the device memory this runner holds (KV cache, IO buffers, graphs)."""
+        self.kv_caches, self.buffers, self.graphs = [], [], None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def reset_carry(self) -> None:
         """Forget the last step's samples (after a failed step nothing may read them)."""

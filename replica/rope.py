@@ -41,10 +41,14 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return torch.stack((emb.cos() * self.scaling, emb.sin() * self.scaling), dim=1)
 
+    def table(self, device: torch.device) -> torch.Tensor:
+        """[max_positions, 2 (cos, sin), head_dim] float32 on `device`, built once."""
+        if self._table is None or self._table.device != device:
+            self._table = self._build_table(device).contiguous()
+        return self._table
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._table is None or self._table.device != positions.device:
-            self._table = self._build_table(positions.device)
-        rows = self._table[positions]
+        rows = self.table(positions.device)[positions]
         return rows[:, 0, None, :].to(dtype), rows[:, 1, None, :].to(dtype)
 
     @staticmethod

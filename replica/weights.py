@@ -90,13 +90,20 @@ def _check_complete(model: LlamaForCausalLM, written: set[str]) -> None:
         raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
 
+# Output and embedding matrices get a larger scale, so logits spread like a trained model's and
+# greedy comparisons between implementations are not decided by near-ties between random logits.
+OUTPUT_STD = 0.2
+
+
 def init_random(model: LlamaForCausalLM, seed: int) -> None:
     """Random weights for throughput work: the step time does not depend on the values."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    std = model.config.initializer_range if hasattr(model.config, "initializer_range") else 0.02
+    std = getattr(model.config, "initializer_range", 0.02)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 param.fill_(1.0)
+            elif name in ("embed_tokens.weight", "lm_head.weight"):
+                param.normal_(0.0, OUTPUT_STD, generator=generator)
             else:
                 param.normal_(0.0, std, generator=generator)

@@ -74,7 +74,7 @@ def test_async_sync_and_eager_agree_and_graphs_are_used():
         "async": EngineConfig(**base, mode="async"),
         "sync": EngineConfig(**base, mode="sync"),
         "async-eager": EngineConfig(**base, mode="async", cuda_graphs=False),
-        "async-small-kv": EngineConfig(**base, mode="async", num_kv_blocks=120, max_num_batched_tokens=256),
+        "async-small-kv": EngineConfig(**base, mode="async", num_kv_blocks=48, max_num_batched_tokens=256),
     }
     results = {name: asyncio.run(_generate_all(cfg, prompts, max_tokens)) for name, cfg in runs.items()}
     reference = results["sync"][0]
@@ -110,3 +110,83 @@ def test_no_hidden_syncs_in_the_step_loop():
     outputs, graphed, _, profile = asyncio.run(_generate_all(cfg, prompts, [24] * 8, sync_debug=True))
     assert graphed and all(len(o) == 24 for o in outputs)
     assert profile["steps"] > 20
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_kernels_match_the_torch_ops(dtype):
+    from transformers import LlamaConfig
+
+    from replica.llama import RMSNorm
+    from replica.rope import RotaryEmbedding
+    from replica.triton_fused import add_rmsnorm, rope_and_cache, silu_mul
+
+    torch.manual_seed(1)
+    tol = 0.0 if dtype == torch.float32 else 2e-2
+    x, r = (
+        torch.randn(33, 4096, device="cuda", dtype=dtype),
+        torch.randn(33, 4096, device="cuda", dtype=dtype),
+    )
+    norm = RMSNorm(4096, 1e-5).to("cuda", dtype)
+    norm.weight.data.normal_()
+    expected, residual = norm(x + r), r.clone()
+    got = add_rmsnorm(x, residual, norm.weight, 1e-5)
+    assert torch.equal(residual, x + r)
+    assert ((got.float() - expected.float()).norm() / expected.float().norm()).item() <= max(tol, 1e-6)
+    gate_up = torch.randn(33, 2 * 1536, device="cuda", dtype=dtype)
+    expected = torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
+    assert ((silu_mul(gate_up).float() - expected.float()).norm() / expected.float().norm()).item() <= max(
+        tol, 1e-6
+    )
+    cfg = LlamaConfig(
+        hidden_size=32 * 128, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096
+    )
+    rotary = RotaryEmbedding(cfg, 128)
+    tokens = 33
+    qkv = torch.randn(tokens, (32 + 16) * 128, device="cuda", dtype=dtype)
+    positions = torch.randint(0, 4000, (tokens,), device="cuda")
+    q, k, v = (t.reshape(tokens, -1, 128) for t in qkv.split([32 * 128, 8 * 128, 8 * 128], dim=-1))
+    q_ref, k_ref = RotaryEmbedding.apply(q, k, *rotary.cos_sin(positions, dtype))
+    caches = (
+        torch.zeros(8, 16, 8, 128, device="cuda", dtype=dtype),
+        torch.zeros(8, 16, 8, 128, device="cuda", dtype=dtype),
+    )
+    slots = torch.randperm(8 * 16, device="cuda")[:tokens]
+    rotated = qkv.clone()
+    rope_and_cache(rotated, positions, rotary.table(torch.device("cuda")), slots, caches, 32, 8, 128)
+    assert torch.equal(rotated[:, : 32 * 128].reshape(tokens, 32, 128), q_ref)
+    assert torch.equal(caches[0].view(-1, 8, 128)[slots], k_ref)
+    assert torch.equal(caches[1].view(-1, 8, 128)[slots], v)
+
+
+def test_fused_and_unfused_paths_give_the_same_logits():
+    from replica.attention import AttentionMetadata
+    from replica.model_loader import load_model
+
+    loaded = load_model("llama-3.2-1b", torch.device("cuda"), torch.bfloat16, True, 0)
+    model, cfg = loaded.model, loaded.config
+    tokens = 48
+    ids = torch.randint(0, cfg.vocab_size, (tokens,), device="cuda")
+    shape = (8, 16, cfg.num_key_value_heads, model.head_dim)
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(16, 16 + tokens, device="cuda"), num_decode=0,
+        decode_block_tables=torch.zeros(0, 1, dtype=torch.long, device="cuda"),
+        decode_context_lens=torch.zeros(0, dtype=torch.long, device="cuda"),
+        prefills=[], decode_backend="triton",
+    )  # fmt: skip
+    from replica.attention import PrefillChunk
+
+    meta.prefills = [PrefillChunk(0, tokens, tokens, torch.arange(1, 5, device="cuda"))]
+    logits = {}
+    with torch.inference_mode():
+        for fused in (False, True):
+            caches = [
+                tuple(torch.zeros(shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                for _ in range(cfg.num_hidden_layers)
+            ]
+            model.fused = fused
+            logits[fused] = model.compute_logits(
+                model(ids, torch.arange(tokens, device="cuda"), caches, meta)
+            )
+    agree = (logits[True].argmax(-1) == logits[False].argmax(-1)).float().mean().item()
+    rel = ((logits[True] - logits[False]).norm() / logits[False].norm()).item()
+    assert rel < 2e-2 and agree >= 0.95, (rel, agree)
