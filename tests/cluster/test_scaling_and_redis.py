@@ -97,7 +97,8 @@ def test_replicas_scale_up_under_load_and_down_after(scale_app: str) -> None:
     for t in threads:
         t.start()
     try:
-        assert wait_until(lambda: _running(SCALE_APP) == 2, timeout_s=90, interval_s=0.5)
+        scaled = wait_until(lambda: _running(SCALE_APP) == 2, timeout_s=150, interval_s=0.5)
+        assert scaled, serve.status().applications[SCALE_APP].deployments["Replica"]
         room = httpx.get(f"{scale_app}/metrics").text
     finally:
         stop.set()
