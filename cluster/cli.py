@@ -14,6 +14,7 @@ from ray import serve
 from rich.console import Console
 from rich.table import Table
 
+from cluster.bench_cli import bench_app
 from cluster.config import AppConfig, load_app_config
 from cluster.local_cluster import APP_NAME, free_port, local_cluster
 from tenancy import DEMO_KEYS
@@ -21,10 +22,7 @@ from tenancy import DEMO_KEYS
 app = typer.Typer(help="fairlane: multi-tenant LLM serving on Ray Serve.", no_args_is_help=True)
 console = Console(width=160)  # tables stay readable when piped
 
-# ---- bench sub-app (owned by the benchmarks engineer; add it here) ----------------------------
-# from cluster.bench_cli import bench_app
-# app.add_typer(bench_app, name="bench")
-# -------------------------------------------------------------------------------------------------
+app.add_typer(bench_app, name="bench")
 
 
 def _cpu_demo_config(port: int) -> AppConfig:

@@ -86,6 +86,11 @@ class ModelRunner:
         self._prev_valid = False  # whether the other set's samples hold the previous step's tokens
         self._last_compute_done = None
         self.graphs: DecodeGraphs | None = None
+        if device.type == "cuda":
+            # Weights, caches and buffers were written on the default stream; the step streams do not
+            # wait for it, so finish that work before any of them reads the memory (a reused block
+            # could otherwise still hold a previous engine's bytes).
+            torch.cuda.synchronize(device)
         if device.type == "cuda" and cuda_graphs:
             self.graphs = DecodeGraphs(self._graph_step, max_seqs)
             self.graphs.capture(self.streams.compute)
