@@ -109,5 +109,48 @@ def profile_table(summary: dict) -> Table:
     return table
 
 
+@app.command("loadtest")
+def loadtest_cmd(
+    scenario: str = typer.Argument(..., help="Shipped scenario name or YAML path."),
+    url: str = typer.Option("http://127.0.0.1:8000", "--url", help="OpenAI-compatible base URL."),
+    out: Path = typer.Option(..., "--out", help="Folder for records.jsonl and summary.json."),
+    scale: float = typer.Option(1.0, "--scale", help="Multiply every rate and concurrency."),
+    duration: float | None = typer.Option(None, "--duration", help="Seconds of load (override)."),
+    seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed."),
+    max_requests: int | None = typer.Option(None, "--max-requests", help="Cap on requests sent."),
+    replicas: int = typer.Option(1, "--replicas", help="Replicas if /health has none."),
+    admin_key: str | None = typer.Option(
+        None, "--admin-key", help="fairlane admin key: reset and fetch the server's SLA report and timings."
+    ),
+    window: float | None = typer.Option(None, "--window", help="Fairness/timeline window in seconds."),
+) -> None:
+    """Drive a multi-tenant scenario against URL; write raw records and a summary (see docs/loadtest.md)."""
+    from loadtest.commands import run_loadtest
+
+    run_loadtest(
+        scenario, url, out, scale=scale, duration_s=duration, seed=seed, max_requests=max_requests,
+        replicas=replicas, admin_key=admin_key, window_s=window, console=console,
+    )
+
+
+@app.command("report")
+def report_cmd(
+    run: Path | None = typer.Argument(None, help="A loadtest output folder."),
+    compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="Two run folders: A then B."),
+    out: Path | None = typer.Option(None, "--out", help="With --compare: output folder (default A_vs_B)."),
+) -> None:
+    """HTML report + PNG figures + terminal tables of a run, or of two runs side by side."""
+    from loadtest.report import render_compare, render_run
+
+    if compare:
+        a, b = compare
+        path = render_compare(a, b, out or a.parent / f"{a.name}_vs_{b.name}", console)
+    elif run is not None:
+        path = render_run(run, console)
+    else:
+        raise typer.BadParameter("give a run folder or --compare A B")
+    console.print(f"report: {path}")
+
+
 def main() -> None:
     app()

@@ -1,0 +1,64 @@
+"""The request plan: who sends what and when, fixed before the run by the scenario's seed."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from loadtest.arrivals import arrival_times
+from loadtest.prompts import draw_output, draw_prompt
+from loadtest.scenario import Scenario, TenantLoad
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request to send: ``at`` is its offset from the start (None: closed loop, send when free)."""
+
+    index: int
+    tenant: str
+    at: float | None
+    prompt: str
+    max_tokens: int
+
+
+def tenant_rng(seed: int, tenant_id: str) -> np.random.Generator:
+    # A tenant's stream does not change when another tenant is added to the scenario.
+    return np.random.default_rng([seed, zlib.crc32(tenant_id.encode())])
+
+
+def open_loop_plan(load: TenantLoad, duration_s: float, rng: np.random.Generator) -> list[PlannedRequest]:
+    times = arrival_times(load.rate or 0.0, load.arrival, duration_s, rng)
+    return [
+        PlannedRequest(i, load.id, float(t), draw_prompt(load.prompt, rng), draw_output(load.output, rng))
+        for i, t in enumerate(times)
+    ]
+
+
+class ClosedLoopSource:
+    """Endless requests for a closed-loop tenant, drawn lazily from its own generator."""
+
+    def __init__(self, load: TenantLoad, seed: int) -> None:
+        self.load = load
+        self._rng = tenant_rng(seed, load.id)
+        self._next = 0
+
+    def next(self) -> PlannedRequest:
+        i, self._next = self._next, self._next + 1
+        return PlannedRequest(
+            i,
+            self.load.id,
+            None,
+            draw_prompt(self.load.prompt, self._rng),
+            draw_output(self.load.output, self._rng),
+        )
+
+
+def build_open_plan(scenario: Scenario) -> list[PlannedRequest]:
+    """All open-loop requests of all tenants, ordered by send time."""
+    plan: list[PlannedRequest] = []
+    for load in scenario.tenants:
+        if load.rate is not None:
+            plan.extend(open_loop_plan(load, scenario.duration_s, tenant_rng(scenario.seed, load.id)))
+    return sorted(plan, key=lambda p: (p.at, p.tenant))

@@ -1,0 +1,194 @@
+"""Drive a scenario against a URL: open- and closed-loop tenants, bounded in count, connections and time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loadtest.client import endpoint_path, monotonic_since, request_body, send
+from loadtest.plan import ClosedLoopSource, PlannedRequest, build_open_plan
+from loadtest.records import RequestRecord
+from loadtest.replica_poller import ReplicaPoller
+from loadtest.scenario import Scenario, TenantLoad
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord]
+    started_wall: float
+    elapsed_s: float
+    replica_seconds: float
+    replica_samples: list[tuple[float, int]]
+    server: dict = field(default_factory=dict)
+
+
+class Runner:
+    """Sends the scenario's requests; ``run`` returns when all have ended or the deadline hit."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        url: str,
+        *,
+        replicas: int = 1,
+        admin_key: str | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        self.s = scenario
+        self.url = url.rstrip("/")
+        self.fallback_replicas = replicas
+        self.admin_key = admin_key
+        self.show_progress = show_progress
+        self.records: list[RequestRecord] = []
+        self._budget = scenario.max_requests
+        self._sem = asyncio.Semaphore(scenario.max_in_flight)
+        self._loads = {t.id: t for t in scenario.tenants}
+        self._clock = monotonic_since(time.monotonic())
+        self._done = 0
+
+    async def run(self) -> RunResult:
+        limits = httpx.Limits(max_connections=self.s.max_in_flight, max_keepalive_connections=64)
+        timeout = httpx.Timeout(self.s.request_timeout_s, connect=10.0)
+        async with httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits) as client:
+            await self._admin(client, "POST", "/admin/timings/reset")
+            poller = ReplicaPoller(client, self.fallback_replicas)
+            started_wall = time.time()
+            self._clock = monotonic_since(time.monotonic())
+            poller.start(self._clock)
+            with self._progress() as progress:
+                await self._drive(client, progress)
+            elapsed = self._clock()
+            await poller.stop(elapsed)
+            server = {
+                "sla": await self._admin(client, "GET", "/admin/sla"),
+                "timings": await self._admin(client, "GET", "/admin/timings"),
+            }
+        records = sorted(self.records, key=lambda r: (r.scheduled, r.tenant))
+        return RunResult(
+            records,
+            started_wall,
+            elapsed,
+            poller.replica_seconds,
+            poller.samples,
+            {k: v for k, v in server.items() if v is not None},
+        )
+
+    async def _drive(self, client: httpx.AsyncClient, progress: Progress | None) -> None:
+        tasks: set[asyncio.Task] = set()
+        workers = [
+            asyncio.create_task(self._closed_worker(client, load, ClosedLoopSource(load, self.s.seed + w)))
+            for load in self.s.tenants
+            if load.concurrency
+            for w in range(load.concurrency)
+        ]
+        deadline = self.s.duration_s + self.s.drain_timeout_s
+        ticker = asyncio.create_task(self._tick(progress, deadline))
+        try:
+            async with asyncio.timeout(deadline):
+                await self._open_loop(client, tasks)
+                await asyncio.gather(*workers, *tasks)
+        except TimeoutError:
+            pass  # the run's deadline: whatever is still in flight is cancelled below and recorded
+        finally:
+            for t in (*workers, *tasks):
+                t.cancel()
+            await asyncio.gather(*workers, *tasks, return_exceptions=True)
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+
+    async def _open_loop(self, client: httpx.AsyncClient, tasks: set[asyncio.Task]) -> None:
+        for planned in build_open_plan(self.s):
+            if self._budget <= 0:
+                return
+            delay = planned.at - self._clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._budget -= 1
+            tasks.add(asyncio.create_task(self._one(client, planned, planned.at or 0.0)))
+
+    async def _closed_worker(
+        self, client: httpx.AsyncClient, load: TenantLoad, source: ClosedLoopSource
+    ) -> None:
+        while self._clock() < self.s.duration_s and self._budget > 0:
+            self._budget -= 1
+            await self._one(client, source.next(), self._clock())
+
+    async def _one(self, client: httpx.AsyncClient, planned: PlannedRequest, scheduled: float) -> None:
+        load = self._loads[planned.tenant]
+        record = RequestRecord(
+            request_id=f"{planned.tenant}-{len(self.records)}",
+            tenant=load.id,
+            sla_class=load.sla_class,
+            weight=load.weight,
+            scheduled=scheduled,
+            sent=scheduled,
+            max_tokens=planned.max_tokens,
+            warmup=scheduled < self.s.warmup_s,
+        )
+        self.records.append(record)  # appended first so a cancelled request is still reported
+        body = request_body(self.s.endpoint, self.s.model, planned.prompt, planned.max_tokens)
+        headers = {"Authorization": f"Bearer {load.api_key}"}
+        try:
+            async with self._sem:
+                await send(
+                    client,
+                    record,
+                    endpoint_path(self.s.endpoint),
+                    body,
+                    headers,
+                    self.s.request_timeout_s,
+                    self._clock,
+                )
+        except asyncio.CancelledError:
+            if record.end is None:  # cancelled while waiting for a connection slot
+                record.status, record.error, record.end = "cancelled", "run_deadline", self._clock()
+            raise
+        finally:
+            self._done += 1
+
+    async def _tick(self, progress: Progress | None, deadline: float) -> None:
+        if progress is None:
+            return
+        task = progress.add_task("load", total=self.s.duration_s, sent=0, done=0, failed=0)
+        while True:
+            failed = sum(1 for r in self.records if r.end is not None and not r.ok)
+            progress.update(
+                task,
+                completed=min(self._clock(), self.s.duration_s),
+                sent=len(self.records),
+                done=self._done,
+                failed=failed,
+            )
+            await asyncio.sleep(0.25)
+
+    def _progress(self) -> contextlib.AbstractContextManager:
+        if not self.show_progress:
+            return contextlib.nullcontext()
+        return Progress(
+            TextColumn(f"[bold]{self.s.name}[/]"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            TextColumn("sent {task.fields[sent]} · ended {task.fields[done]} · not ok {task.fields[failed]}"),
+        )
+
+    async def _admin(self, client: httpx.AsyncClient, method: str, path: str) -> dict | None:
+        """fairlane's admin routes when an admin key is given; any failure means 'not available'."""
+        if not self.admin_key:
+            return None
+        try:
+            r = await client.request(
+                method, path, headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=30
+            )
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+
+def run_scenario(scenario: Scenario, url: str, **kwargs) -> RunResult:
+    return asyncio.run(Runner(scenario, url, **kwargs).run())

@@ -1,0 +1,105 @@
+"""Rich terminal tables of one run's summary and of two runs compared."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def num(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+TENANT_COLUMNS = (
+    "tenant",
+    "class",
+    "req",
+    "ok",
+    "429",
+    "other err",
+    "TTFT p50/p90/p99 ms",
+    "TPOT p50/p99 ms",
+    "ITL p50 ms",
+    "E2E p99 ms",
+    "out tok/s",
+    "goodput r/s",
+    "SLA met",
+    "$/success",
+)
+
+
+def _row(name: str, cls: str, g: dict, dollars: float | None) -> list[str]:
+    t, p = g["ttft_s"], g["tpot_s"]
+    return [
+        name,
+        cls,
+        str(g["requests"]),
+        str(g["ok"]),
+        str(g["rejected"]),
+        str(g["failed"]),
+        f"{ms(t['p50'])}/{ms(t['p90'])}/{ms(t['p99'])}",
+        f"{ms(p['p50'])}/{ms(p['p99'])}",
+        ms(g["itl_s"]["p50"]),
+        ms(g["e2e_s"]["p99"]),
+        num(g["output_throughput_tps"], "{:.1f}"),
+        num(g["goodput_rps"]),
+        pct(g["sla_attainment"]),
+        num(dollars, "{:.6f}"),
+    ]
+
+
+def summary_table(summary: dict, title: str | None = None) -> Table:
+    """One row per tenant, one per class, then overall."""
+    meta = summary["meta"]
+    table = Table(
+        title=title
+        or f"{meta['scenario']}: {summary['requests_measured']} measured requests over "
+        f"{summary['window_s']:.0f}s ({summary['requests_warmup']} warm-up left out)"
+    )
+    for col in TENANT_COLUMNS:
+        table.add_column(col, justify="left" if col in ("tenant", "class") else "right")
+    per = summary["cost"]["dollars_per_success_by_tenant"]
+    for tid, g in summary["tenants"].items():
+        table.add_row(*_row(tid, g["sla_class"], g, per.get(tid)))
+    for name, g in summary["classes"].items():
+        table.add_row(*_row("(class)", name, g, None), style="dim")
+    table.add_row(*_row("ALL", "", summary["overall"], summary["cost"]["dollars_per_success"]), style="bold")
+    return table
+
+
+def fairness_table(summary: dict) -> Table:
+    f, c = summary["fairness"], summary["cost"]
+    table = Table(title="fairness and cost")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("window (s)", num(f["window_s"], "{:.1f}")),
+        ("windows with ≥2 backlogged tenants", str(f["windows_compared"])),
+        ("max service gap (weighted tokens / window)", num(f["max_service_gap"], "{:.0f}")),
+        ("max service gap (weighted tokens / s)", num(f["max_service_gap_rate"], "{:.1f}")),
+        ("Jain index, backlogged windows (mean)", num(f["jain_backlogged_mean"], "{:.3f}")),
+        ("Jain index, whole run", num(f["jain_overall"], "{:.3f}")),
+        ("replica-seconds", num(c["replica_seconds"], "{:.1f}")),
+        ("GPU dollars", num(c["dollars"], "{:.5f}")),
+        ("dollars per successful response", num(c["dollars_per_success"], "{:.6f}")),
+        ("errors", ", ".join(f"{k}: {v}" for k, v in summary["errors"].items()) or "none"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def compare_table(rows: list[tuple[str, str, str, str]], labels: tuple[str, str]) -> Table:
+    table = Table(title=f"{labels[0]} vs {labels[1]}")
+    for col in ("measure", labels[0], labels[1], f"{labels[1]} / {labels[0]}"):
+        table.add_column(col, justify="left" if col == "measure" else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -1,0 +1,105 @@
+"""A tiny OpenAI-compatible SSE server on loopback (uvicorn in a thread) with scripted behaviours.
+
+The API key picks the behaviour, so one server covers every client-bound test:
+``ok`` streams tokens every ``TOKEN_GAP_S``; ``slow`` stalls longer than any test's timeout;
+``reject`` answers 429; ``boom`` answers 500; ``broken`` sends a stream error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from tests.redis_server import free_port
+
+TOKEN_GAP_S = 0.01
+FIRST_TOKEN_DELAY_S = 0.02
+
+
+def _chunk(text: str) -> bytes:
+    data = {"id": "chatcmpl-fake", "choices": [{"index": 0, "delta": {"content": text}}]}
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+async def _tokens(n: int, prompt_tokens: int):
+    await asyncio.sleep(FIRST_TOKEN_DELAY_S)
+    for i in range(n):
+        yield _chunk(f"t{i} ")
+        await asyncio.sleep(TOKEN_GAP_S)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+    yield f"data: {json.dumps({'id': 'chatcmpl-fake', 'choices': [], 'usage': usage})}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+async def _stall():
+    await asyncio.sleep(3600)
+    yield b""
+
+
+async def _broken():
+    yield _chunk("a")
+    yield b'data: {"error": {"code": "token_timeout", "message": "x"}}\n\n'
+
+
+class FakeState:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.received = 0
+
+
+def make_app(state: FakeState) -> Starlette:
+    async def chat(request: Request):
+        body = await request.json()
+        behaviour = request.headers.get("authorization", "").removeprefix("Bearer ")
+        state.received += 1
+        if behaviour == "reject":
+            return JSONResponse({"error": {"code": "rate_limit_exceeded"}}, status_code=429)
+        if behaviour == "boom":
+            return JSONResponse({"error": {"type": "server_error"}}, status_code=500)
+        prompt_tokens = len(body["messages"][0]["content"].split())
+        stream = {"slow": _stall, "broken": _broken}.get(behaviour)
+        gen = stream() if stream else _tokens(body["max_tokens"], prompt_tokens)
+        return StreamingResponse(_counted(state, gen), media_type="text/event-stream")
+
+    async def health(_: Request):
+        return JSONResponse({"status": "ok", "replicas": 2})
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", health)])
+
+
+async def _counted(state: FakeState, gen):
+    state.in_flight += 1
+    state.max_in_flight = max(state.max_in_flight, state.in_flight)
+    try:
+        async for part in gen:
+            yield part
+    finally:
+        state.in_flight -= 1
+
+
+@contextmanager
+def fake_server() -> Iterator[tuple[str, FakeState]]:
+    state = FakeState()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(make_app(state), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", state
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
