@@ -13,11 +13,12 @@ from loadtest.records import RequestRecord
 from tenancy import SLAClass
 
 MIN_WINDOW_S = 1.0
-WINDOWS_PER_RUN = 20
+WINDOWS_PER_RUN = 60
 
 
 def default_window(duration_s: float) -> float:
-    # ~20 windows per run: enough points for a timeline, enough tokens per window to compare tenants.
+    # ~60 windows per run (1 s for a minute's load): short enough that tenants are often backlogged for
+    # a whole window (the gap compares only those), long enough to hold several tokens per tenant.
     return max(MIN_WINDOW_S, duration_s / WINDOWS_PER_RUN)
 
 

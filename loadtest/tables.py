@@ -9,6 +9,13 @@ def ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
+def dur(v: float | None) -> str:
+    """Compact latency: '470ms' below a second, '24.7s' above (keeps wide tables readable)."""
+    if v is None:
+        return "-"
+    return f"{v * 1000:.0f}ms" if v < 1.0 else f"{v:.1f}s"
+
+
 def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.0%}"
 
@@ -21,13 +28,11 @@ TENANT_COLUMNS = (
     "tenant",
     "class",
     "req",
-    "ok",
-    "429",
-    "other err",
-    "TTFT p50/p90/p99 ms",
-    "TPOT p50/p99 ms",
-    "ITL p50 ms",
-    "E2E p99 ms",
+    "ok/429/err",
+    "TTFT p50/p90/p99",
+    "TPOT p50/p99",
+    "ITL p50",
+    "E2E p99",
     "out tok/s",
     "goodput r/s",
     "SLA met",
@@ -41,13 +46,11 @@ def _row(name: str, cls: str, g: dict, dollars: float | None) -> list[str]:
         name,
         cls,
         str(g["requests"]),
-        str(g["ok"]),
-        str(g["rejected"]),
-        str(g["failed"]),
-        f"{ms(t['p50'])}/{ms(t['p90'])}/{ms(t['p99'])}",
-        f"{ms(p['p50'])}/{ms(p['p99'])}",
-        ms(g["itl_s"]["p50"]),
-        ms(g["e2e_s"]["p99"]),
+        f"{g['ok']}/{g['rejected']}/{g['failed']}",
+        f"{dur(t['p50'])}/{dur(t['p90'])}/{dur(t['p99'])}",
+        f"{dur(p['p50'])}/{dur(p['p99'])}",
+        dur(g["itl_s"]["p50"]),
+        dur(g["e2e_s"]["p99"]),
         num(g["output_throughput_tps"], "{:.1f}"),
         num(g["goodput_rps"]),
         pct(g["sla_attainment"]),

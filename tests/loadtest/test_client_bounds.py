@@ -1,0 +1,83 @@
+"""The client ends every request (completion, HTTP error, stream error, timeout, deadline) and keeps
+to its bounds: requests in flight, request count and the run's duration. Loopback fake server."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from loadtest.runner import run_scenario
+from loadtest.scenario import Scenario
+
+
+def _scenario(tenants: list[dict], **kw) -> Scenario:
+    base = {"name": "bounds", "duration_s": 2.0, "request_timeout_s": 1.0, "drain_timeout_s": 2.0, "seed": 3}
+    return Scenario.model_validate(base | kw | {"tenants": tenants})
+
+
+def _tenant(tid: str, key: str, **kw) -> dict:
+    return {"id": tid, "api_key": key, "sla_class": "standard", "output": {"kind": "fixed", "tokens": 5}} | kw
+
+
+def test_every_request_ends_with_its_status(fake) -> None:
+    url, _ = fake
+    scenario = _scenario(
+        [
+            _tenant("ok", "ok", rate=5.0),
+            _tenant("rejected", "reject", rate=3.0),
+            _tenant("boom", "boom", rate=2.0),
+            _tenant("slow", "slow", rate=2.0),
+            _tenant("broken", "broken", rate=2.0),
+        ]
+    )
+    result = run_scenario(scenario, url, show_progress=False)
+    by = {
+        t: [r for r in result.records if r.tenant == t] for t in ("ok", "rejected", "boom", "slow", "broken")
+    }
+    assert all(r.end is not None and r.end >= r.sent for r in result.records)
+    assert all(r.status == "ok" and r.output_tokens == 5 and len(r.token_times) == 5 for r in by["ok"])
+    assert all(r.first_token is not None and r.prompt_tokens > 0 for r in by["ok"])
+    assert all(r.rejected and r.error == "429:rate_limit_exceeded" for r in by["rejected"])
+    assert all(r.status == "http_error" and r.error == "500:server_error" for r in by["boom"])
+    assert all(r.status == "timeout" and 0.9 <= r.end - r.sent < 2.0 for r in by["slow"])
+    assert all(r.status == "stream_error" and r.error == "stream:token_timeout" for r in by["broken"])
+    assert all(by.values())
+    assert result.replica_seconds > 0  # the fake's /health says 2 replicas
+
+
+def test_in_flight_and_request_count_stay_bounded(fake) -> None:
+    url, state = fake
+    state.max_in_flight = 0
+    before = state.received
+    scenario = _scenario([_tenant("a", "ok", rate=200.0)], max_in_flight=3, max_requests=40)
+    result = run_scenario(scenario, url, show_progress=False)
+    assert len(result.records) == 40
+    assert state.received - before == 40
+    assert state.max_in_flight <= 3
+    assert all(r.status == "ok" for r in result.records)
+    # Waiting for a connection slot is not part of the request's latency: sent ≥ scheduled.
+    assert max(r.sent - r.scheduled for r in result.records) > 0
+
+
+def test_closed_loop_keeps_its_concurrency(fake) -> None:
+    url, state = fake
+    state.max_in_flight = 0
+    result = run_scenario(
+        _scenario([_tenant("c", "ok", concurrency=2)], duration_s=1.0), url, show_progress=False
+    )
+    assert state.max_in_flight <= 2
+    assert len(result.records) >= 4 and all(r.ok for r in result.records)
+    assert max(r.sent for r in result.records) < 1.0  # nothing new after the duration
+
+
+@pytest.mark.timeout(30)
+def test_the_run_deadline_cancels_what_is_left(fake) -> None:
+    url, _ = fake
+    scenario = _scenario([_tenant("s", "slow", rate=4.0)], request_timeout_s=30.0, drain_timeout_s=0.5)
+    start = time.monotonic()
+    result = run_scenario(scenario, url, show_progress=False)
+    took = time.monotonic() - start
+    assert took < 2.0 + 0.5 + 2.0  # duration + drain + slack for set-up and cancellation
+    assert result.records and all(r.status == "cancelled" for r in result.records)
+    assert all(r.error == "run_deadline" and r.end is not None for r in result.records)
