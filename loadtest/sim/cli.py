@@ -1,0 +1,56 @@
+"""The body of ``fairlane simulate`` (cluster/cli.py holds only the typer signature)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from loadtest.sim.runner import find_scenario, run_simulation
+from loadtest.sim.spec import AutoscalingSpec, SimSpec
+
+
+def build_spec(tenants: int, replicas: int, requests: int, policies: str, load_factor: float,
+               step_model: str, autoscale_max: int | None, write_records: bool, seed: int | None) -> SimSpec:
+    autoscaling = None
+    if autoscale_max is not None:
+        autoscaling = AutoscalingSpec(min_replicas=1, max_replicas=autoscale_max, initial_replicas=replicas)
+    return SimSpec.model_validate({
+        "scale": {"tenants": tenants, "requests": requests, "load_factor": load_factor, "seed": seed},
+        "cluster": {"replicas": replicas, "step_model": step_model, "autoscaling": autoscaling},
+        "policies": tuple(p.strip() for p in policies.split(",") if p.strip()),
+        "write_records": write_records,
+    })
+
+
+def run_cli(scenario: str, spec: SimSpec, out: Path, console: Console) -> dict:
+    report = run_simulation(find_scenario(scenario), spec, out, progress=console.print)
+    console.print(comparison_table(report))
+    console.print(f"results: {out} (comparison.json; per policy: sim_summary.json, records.jsonl)")
+    return report
+
+
+def comparison_table(report: dict) -> Table:
+    table = Table(title=f"{report['scenario']}: {report['requests']} requests, {report['tenants']} tenants, "
+                        f"{report['spec']['cluster']['replicas']} replicas ({report['simulated_s']:.0f} s simulated)")
+    cols = ("policy", "ok req/s", "interactive TTFT att.", "batch att.", "max gap (w-tokens)", "Jain",
+            "$ / success", "wall s")
+    for c in cols:
+        table.add_column(c, justify="left" if c == "policy" else "right")
+    for name, s in report["policies"].items():
+        cls = s["classes"]
+        table.add_row(
+            name, f"{s['throughput_rps']:.1f}", _pct(cls.get("interactive", {}).get("ttft_attainment")),
+            _pct(cls.get("batch", {}).get("attainment")), _num(s["fairness"]["max_service_gap"]),
+            _num(s["fairness"]["jain"], ".3f"), f"{s['dollars_per_success']:.6f}", f"{s['wall_s']:.1f}",
+        )
+    return table
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, fmt: str = ".0f") -> str:
+    return "-" if x is None else format(x, fmt)

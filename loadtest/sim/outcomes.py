@@ -1,0 +1,66 @@
+"""Per-request outcomes and per-tenant service samples, in flat arrays (1M requests fit easily)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+OK, QUOTA, LIMIT, QUEUE_FULL, QUEUE_TIMEOUT, UNFINISHED = range(6)
+STATUS_NAMES = ("ok", "quota_exceeded", "request_limit", "queue_full", "queue_timeout", "unfinished")
+HTTP_STATUS = (200, 429, 400, 429, 503, 0)
+
+
+class Outcomes:
+    """What happened to request ``i`` of the trace; times are simulated seconds."""
+
+    def __init__(self, n: int) -> None:
+        self.status = np.full(n, UNFINISHED, dtype=np.int8)
+        self.reason: dict[int, str] = {}
+        self.dispatched = np.full(n, np.nan)
+        self.first_token = np.full(n, np.nan)
+        self.end = np.full(n, np.nan)
+        self.output = np.zeros(n, dtype=np.int32)
+        self.replica = np.full(n, -1, dtype=np.int16)
+
+    def fail(self, i: int, status: int, now: float, reason: str = "") -> None:
+        self.status[i] = status
+        self.end[i] = now
+        if reason:
+            self.reason[i] = reason
+
+    def done(self, i: int, first_token: float, now: float, output: int, replica: int) -> None:
+        self.status[i] = OK
+        self.first_token[i] = first_token
+        self.end[i] = now
+        self.output[i] = output
+        self.replica[i] = replica
+
+
+@dataclass(slots=True)
+class ServiceSampler:
+    """Cumulative weighted service (input + 2 × output tokens) and backlog per tenant, sampled.
+
+    Service is counted where the queue charges it: prompt at dispatch, output at completion.
+    """
+
+    tenants: int
+    service: list[float] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    samples: list[np.ndarray] = field(default_factory=list)
+    backlogged: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.service = [0.0] * self.tenants
+        self.waiting = [0] * self.tenants
+
+    def sample(self, now: float) -> None:
+        self.times.append(now)
+        self.samples.append(np.array(self.service))
+        self.backlogged.append(np.array(self.waiting) > 0)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not self.times:
+            return np.zeros(0), np.zeros((0, self.tenants)), np.zeros((0, self.tenants), dtype=bool)
+        return np.array(self.times), np.vstack(self.samples), np.vstack(self.backlogged)

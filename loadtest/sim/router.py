@@ -1,0 +1,144 @@
+"""The simulated router: the real admission, fair queue and dispatcher, driven by simulated time.
+
+* Admission: ``tenancy.QuotaManager.admit_sync`` / ``release_sync`` over a ``MemoryQuotaStore``,
+  both with the event loop's clock.
+* Waiting: the queue from ``loadtest.sim.queues`` (the real ``FairQueue`` for vtc / fair_sla).
+* Dispatch: the real ``cluster.dispatcher.Dispatcher``. Its public entry point ``wait_turn`` is
+  a coroutine (asyncio futures and timeouts), so the simulator does what ``wait_turn`` does
+  without the event loop: push, register a waiter, ``_kick()``; the waiter is a ``_Grant`` whose
+  ``set_result`` hands the request to a replica (NEEDS.md item 1 asks for a sync entry point).
+  Slots are released through the real ``DispatchSlot.release``.
+* Output tokens are charged to the queue once, when the request ends (the cluster charges each
+  streamed chunk; see docs/simulator.md for why and what it changes).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from cluster.dispatcher import Dispatcher, DispatchSlot
+from loadtest.sim.events import EventLoop
+from loadtest.sim.outcomes import LIMIT, QUEUE_FULL, QUEUE_TIMEOUT, QUOTA, Outcomes, ServiceSampler
+from loadtest.sim.pool import ReplicaPool
+from loadtest.sim.replica import Job
+from loadtest.sim.replica_choice import Chooser
+from loadtest.sim.workload import Trace
+from tenancy import Lease, QueuedRequest, QueueFull, QuotaExceeded, QuotaManager, RequestLimitExceeded
+
+
+class NoReserveDispatcher(Dispatcher):
+    """The dispatcher without its per-tenant cap: the FCFS baselines' plain room."""
+
+    @property
+    def reserved(self) -> int:
+        return 0
+
+
+class _Grant:
+    """Stands in for the asyncio future ``Dispatcher._kick`` resolves when it grants a slot."""
+
+    __slots__ = ("_router", "_rid", "_done")
+
+    def __init__(self, router: SimRouter, rid: str) -> None:
+        self._router, self._rid, self._done = router, rid, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, _: object) -> None:
+        self._done = True
+        self._router._granted(self._rid)
+
+
+class SimRouter:
+    def __init__(self, loop: EventLoop, trace: Trace, quotas: QuotaManager | None, dispatcher: Dispatcher,
+                 chooser: Chooser, pool: ReplicaPool, outcomes: Outcomes, sampler: ServiceSampler,
+                 max_ongoing: int, queue_timeout_s: float) -> None:
+        self._loop, self._trace, self._quotas = loop, trace, quotas
+        self._dispatcher, self._queue = dispatcher, dispatcher.queue
+        self._chooser, self._pool, self._outcomes, self._sampler = chooser, pool, outcomes, sampler
+        self._max_ongoing, self._timeout = max_ongoing, queue_timeout_s
+        self._tenant_ids = [t.id for t in trace.tenants]
+        self._leases: dict[int, Lease] = {}
+        self._queued: dict[str, QueuedRequest] = {}
+        self._slots: dict[int, DispatchSlot] = {}
+        self.in_system = 0
+
+    def arrive(self, i: int) -> None:
+        """Request ``i`` of the trace reaches the router (already authenticated)."""
+        now, t = self._loop.now, self._trace
+        tenant = self._tenant_ids[t.tenant[i]]
+        prompt, max_tokens = int(t.prompt[i]), int(t.max_tokens[i])
+        if self._quotas is not None:
+            try:
+                self._leases[i] = self._quotas.admit_sync(tenant, prompt, max_tokens)
+            except QuotaExceeded as exc:
+                self._outcomes.fail(i, QUOTA, now, exc.reason)
+                return
+            except RequestLimitExceeded as exc:
+                self._outcomes.fail(i, LIMIT, now, exc.limit)
+                return
+        rid = str(i)
+        request = self._queue.make_request(rid, tenant, prompt, max_tokens)
+        try:
+            self._queue.push(request)
+        except QueueFull as exc:
+            self._end_lease(i, 0)
+            self._outcomes.fail(i, QUEUE_FULL, now, exc.scope)
+            return
+        self.in_system += 1
+        self._sampler.waiting[t.tenant[i]] += 1
+        self._queued[rid] = request
+        d = self._dispatcher
+        d._waiting.setdefault(tenant, deque()).append(rid)
+        d._waiters[rid] = _Grant(self, rid)
+        d._kick()
+        if rid in d._waiters:
+            self._loop.after(self._timeout, self._expire, rid)
+
+    def kick(self) -> None:
+        """Capacity changed (replicas ready or gone): let the dispatcher fill the room."""
+        self._dispatcher._kick()
+
+    def _granted(self, rid: str) -> None:
+        d, i = self._dispatcher, int(rid)
+        del d._waiters[rid]
+        request = self._queued.pop(rid)
+        tenant = self._trace.tenant[i]
+        self._sampler.waiting[tenant] -= 1
+        self._sampler.service[tenant] += request.prompt_tokens / self._trace.tenants[tenant].weight
+        self._slots[i] = DispatchSlot(request, d)
+        self._outcomes.dispatched[i] = self._loop.now
+        replica = self._chooser.choose(self._pool.ready, self._max_ongoing)
+        if replica is None:  # every replica at max_ongoing: Serve would queue at the handle
+            replica = min(self._pool.ready + self._pool.draining, key=lambda r: r.ongoing)
+        replica.submit(Job(i, request.prompt_tokens, max(1, request.max_tokens)))
+        self._chooser.changed(replica)
+
+    def finished(self, job: Job, now: float) -> None:
+        i = job.rid
+        tenant = self._trace.tenant[i]
+        self._outcomes.done(i, job.first_token, now, job.output, job.replica)
+        self._chooser.changed(self._pool.by_index(job.replica))
+        self._sampler.service[tenant] += 2 * job.output / self._trace.tenants[tenant].weight
+        self._queue.charge(self._tenant_ids[tenant], job.output)
+        self._end_lease(i, job.output)
+        self.in_system -= 1
+        self._slots.pop(i).release()
+
+    def _expire(self, rid: str) -> None:
+        if rid not in self._dispatcher._waiters:
+            return
+        i = int(rid)
+        del self._dispatcher._waiters[rid]
+        self._queued.pop(rid)
+        self._queue.remove(rid)
+        self._sampler.waiting[self._trace.tenant[i]] -= 1
+        self._end_lease(i, 0)
+        self.in_system -= 1
+        self._outcomes.fail(i, QUEUE_TIMEOUT, self._loop.now)
+
+    def _end_lease(self, i: int, output: int) -> None:
+        lease = self._leases.pop(i, None)
+        if lease is not None and self._quotas is not None:
+            self._quotas.release_sync(lease, output)
