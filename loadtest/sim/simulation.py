@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from loadtest.sim.autoscaler import Autoscaler
@@ -73,9 +75,11 @@ def simulate(trace: Trace, config: TenancyConfig, policy: PolicySpec, cluster: C
               lambda: loop.now <= last_arrival or router.in_system > 0)
     _feed(loop, trace, router)
     loop.run()
-    sampler.sample(loop.now)
+    end = float(np.nanmax(outcomes.end)) if len(trace) else 0.0  # periodic ticks may run past it
+    loop.now = end
+    sampler.sample(end)
     pool.close()
-    return RunResult(policy, outcomes, sampler, pool.replica_seconds, loop.now, loop.events_run,
+    return RunResult(policy, outcomes, sampler, pool.replica_seconds, end, loop.events_run,
                      time.perf_counter() - started, pool.peak, autoscaler.decisions if autoscaler else [])
 
 
