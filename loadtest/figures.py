@@ -38,7 +38,7 @@ def _save(fig, path: Path) -> Path:
 def latency_cdf(records: Sequence[RequestRecord], metric: str, targets: dict[str, float], path: Path) -> Path:
     """CDF per tenant of TTFT or TPOT (ms, log x), with each tenant's class target as a dashed line."""
     fn = ttft if metric == "ttft" else tpot
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
     for i, tenant in enumerate(_tenants(records)):
         rs = [r for r in records if r.tenant == tenant and r.ok and not r.warmup]
         vals = [v * 1000 for r in rs if (v := fn(r)) is not None]
@@ -54,7 +54,7 @@ def latency_cdf(records: Sequence[RequestRecord], metric: str, targets: dict[str
     ax.set_ylim(0, 1.02)
     ax.set_title(f"{metric.upper()} CDF per tenant")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(fig, path)
 
 
@@ -67,8 +67,11 @@ def service_share(fairness: dict, path: Path) -> Path:
     totals = rows.sum(axis=0)
     shares = np.divide(rows, totals, out=np.zeros_like(rows), where=totals > 0) * 100
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    if names:
-        ax.stackplot(mids, shares, labels=names, alpha=0.85)
+    bottom = np.zeros(len(mids))
+    for i, (name, row) in enumerate(zip(names, shares, strict=True)):
+        # One bar per window: the share is a per-window figure, not a curve between windows.
+        ax.bar(mids, row, width=fairness["window_s"], bottom=bottom, label=name, color=f"C{i}", alpha=0.85)
+        bottom += row
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("share of weighted service (%)")
     ax.set_ylim(0, 100)
@@ -143,7 +146,7 @@ def ttft_compare(
     a: Sequence[RequestRecord], b: Sequence[RequestRecord], labels: tuple[str, str], path: Path
 ) -> Path:
     """TTFT CDF per tenant, run A solid, run B dashed."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     for i, tenant in enumerate(sorted({r.tenant for r in (*a, *b)})):
         for recs, ls, label in ((a, "-", labels[0]), (b, "--", labels[1])):
             vals = [
@@ -151,14 +154,14 @@ def ttft_compare(
                 for r in recs
                 if r.tenant == tenant and r.ok and not r.warmup and (v := ttft(r)) is not None
             ]
-            _cdf(ax, vals, color=f"C{i}", ls=ls, label=f"{tenant} · {label}")
+            _cdf(ax, vals, color=f"C{i}", ls=ls, label=f"{tenant} · {label} (n={len(vals)})")
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms, log scale)")
     ax.set_ylabel("fraction of successful requests")
     ax.set_ylim(0, 1.02)
     ax.set_title(f"TTFT CDF: {labels[0]} (solid) vs {labels[1]} (dashed)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(fig, path)
 
 

@@ -77,13 +77,17 @@ def summarize(
     dollars_per_hour: float,
     window_s: float | None = None,
 ) -> dict:
-    """Everything the report shows, as plain JSON-able data; warm-up requests are left out."""
+    """Everything the report shows, as plain JSON-able data.
+
+    Latency, throughput and attainment leave warm-up requests out; service and the timelines
+    count every request (a warm-up request still takes its share of the replica after warm-up).
+    """
     by_class = {c.name: c for c in classes}
     measured = [r for r in records if not r.warmup]
     span = measured_window(measured)
-    start = min((r.sent for r in measured), default=0.0)
     width = window_s or default_window(meta.get("duration_s", span) or 1.0)
-    edges = window_edges(start, start + max(span, width), width)
+    end = max((r.end for r in records if r.end is not None), default=width)
+    edges = window_edges(0.0, max(end, width), width)
     tenants = {}
     for tid in sorted({r.tenant for r in records}):
         rs = [r for r in measured if r.tenant == tid]
@@ -108,7 +112,7 @@ def summarize(
         "classes": classes_out,
         "sla_targets": {c.name: c.model_dump() for c in classes},
         "errors": errors_by_type(measured),
-        "fairness": asdict(fairness_report(measured, float(edges[0]), float(edges[-1]), width)),
-        "timeline": timeline(measured, edges),
+        "fairness": asdict(fairness_report(records, float(edges[0]), float(edges[-1]), width)),
+        "timeline": timeline(records, edges),
         "cost": cost(records, replica_seconds, dollars_per_hour),
     }

@@ -4,10 +4,12 @@ Tolerance on TTFT: the server starts its clock when the request reaches the rout
 the router's first output; the client starts before sending and stops when it has parsed the first
 SSE chunk. The client's figure therefore includes the Serve proxy hop, SSE framing and both event
 loops' scheduling, and is never below the server's (beyond clock-read jitter, allowed 10 ms). On
-this 2-core box under the full noisy-neighbour load the per-request difference measured 10–150 ms
-(median 20 ms; BENCHMARKS.md, Load test); the upper bound 0.5 s leaves room for a loaded CI box
-while still catching a wrong definition (e.g. timing from the scheduled instead of the sent time,
-or to the last token), which would be off by whole seconds here.
+this 2-core box under the full noisy-neighbour load (200+ streams open in the client) the
+per-request difference measured 9–555 ms, median 20 ms (BENCHMARKS.md, Load test). This test's
+load is light, so its bounds are: percentiles within +0.75 s, every request within +1 s, the
+median within +0.1 s. They leave room for a CI box loaded by other suites while still catching a
+wrong definition (timing from the scheduled instead of the sent instant, or to the last token),
+which would be off by seconds here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from loadtest.scenario import Scenario
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
 
 BELOW_S = 0.010
-ABOVE_S = 0.5
+ABOVE_S = 0.75
+REQUEST_ABOVE_S = 1.0
+MEDIAN_ABOVE_S = 0.1
 
 SCENARIO = {
     "name": "agreement",
@@ -67,4 +71,5 @@ def test_client_and_cluster_sla_report_agree(cluster_url: str) -> None:
             assert server - BELOW_S <= client <= server + ABOVE_S, (tenant, p, client, server)
     deltas = ttft_deltas(result.records, result.server["timings"])
     assert len(deltas) == len(result.records)  # every request matched by its response id
-    assert all(-BELOW_S <= d <= ABOVE_S for d in deltas), deltas
+    assert all(-BELOW_S <= d <= REQUEST_ABOVE_S for d in deltas), deltas
+    assert sorted(deltas)[len(deltas) // 2] <= MEDIAN_ABOVE_S, deltas
