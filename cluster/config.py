@@ -81,6 +81,24 @@ class AppConfig(_Frozen):
     token_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between streamed tokens.")
     load_poll_interval_s: float = Field(default=1.0, gt=0, description="How often routers poll replica load.")
     max_body_bytes: int = Field(default=4_000_000, gt=0, description="Largest request body (413 beyond).")
+    first_token_retries: int = Field(
+        default=2,
+        ge=0,
+        le=5,
+        description="Re-dispatches of a request whose replica failed before its first token.",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="On shutdown: longest wait for in-flight requests to finish."
+    )
+    redis_fallback_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of each quota a router allows alone while Redis is down; None = 1/num_routers.",
+    )
+    log_request_text: bool = Field(
+        default=False, description="Log prompt and completion text (off: text never reaches a log)."
+    )
     default_max_tokens: int = Field(default=16, gt=0, description="max_tokens when a request gives none.")
     timing_history: int = Field(default=50_000, gt=0, description="Request timing records kept per router.")
     host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")
@@ -90,6 +108,11 @@ class AppConfig(_Frozen):
     @property
     def min_replicas(self) -> int:
         return self.autoscaling.min_replicas if self.autoscaling else self.num_replicas
+
+    @property
+    def fallback_fraction(self) -> float:
+        # 1/N keeps N routers together near the quota during a Redis outage (one refill window at most).
+        return self.redis_fallback_fraction or 1.0 / self.num_routers
 
     @property
     def replica_max_ongoing(self) -> int:

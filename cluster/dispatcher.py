@@ -100,6 +100,11 @@ class Dispatcher:
                 future.set_exception(exc)
         self._kick()
 
+    @property
+    def waiters(self) -> int:
+        """Requests waiting for a slot (a leak check: zero when nothing waits)."""
+        return len(self._waiters)
+
     def in_flight_of(self, tenant_id: str) -> int:
         return self._by_tenant[tenant_id]
 

@@ -53,6 +53,24 @@ class ServiceUnavailable(ClusterError):
     error_type = "service_unavailable"
 
 
+class ReplicaFailure(ServiceUnavailable):
+    """The replica died, or Serve could not reach one: retried when no token was sent yet."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="replica_error")
+
+
+class Draining(ServiceUnavailable):
+    """The router is shutting down: it admits nothing new (503 with Retry-After)."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(
+            "the server is shutting down; retry on another instance",
+            code="draining",
+            headers={"retry-after": str(max(1, retry_after_s))},
+        )
+
+
 class NotFound(ClusterError):
     status_code = 404
     error_type = "invalid_request_error"

@@ -1,6 +1,7 @@
 """The HTTP ingress: OpenAI routes, health, metrics, SLA reports and admin, under ``serve.ingress``."""
 
-import time
+import logging
+import os
 import uuid
 from typing import Any
 
@@ -12,27 +13,26 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
+from cluster import api_docs
+from cluster.body_limit import BodyLimit
 from cluster.config import AppConfig
-from cluster.errors import (
-    BadRequest,
-    Forbidden,
-    NotFound,
-    PayloadTooLarge,
-    error_response,
-)
+from cluster.drain import RouterDrain
+from cluster.errors import Draining, Forbidden, error_response
+from cluster.job_builder import JobBuilder
 from cluster.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.prompts import PromptEncoder
 from cluster.replica_monitor import ReplicaMonitor, running_replicas
-from cluster.request_flow import ActiveRequest, Job
+from cluster.request_flow import ActiveRequest
 from cluster.responses import ResponseMeta, full_body, guarded, sse_stream
 from cluster.router_core import RouterCore
-from cluster.sla_report import build_report
-from replica import SamplingParams
+from cluster.tenant_views import check_own, sla_report, usage
 from tenancy import Tenant, parse_bearer
 
 REPLICA_DEPLOYMENT = "Replica"
-NON_STREAM_COALESCE_S = 0.05  # outputs of a non-streamed request travel in 50 ms batches
+log = logging.getLogger(__name__)
 api = FastAPI(title="fairlane", docs_url=None, redoc_url=None)
+# The router sets the limit when it starts; until then (and outside Serve) no limit applies.
+api.add_middleware(BodyLimit, limit=lambda: getattr(api.state, "max_body_bytes", None))
 
 
 @api.exception_handler(RequestValidationError)
@@ -45,14 +45,14 @@ async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
     return error_response(exc)
 
 
-@api.middleware("http")
-async def _body_limit(request: Request, call_next):
-    # Content-Length is checked before the body is read; Serve's proxy buffers chunked bodies anyway.
-    limit = request.app.state.max_body_bytes if hasattr(request.app.state, "max_body_bytes") else None
-    length = request.headers.get("content-length")
-    if limit is not None and length is not None and length.isdigit() and int(length) > limit:
-        return error_response(PayloadTooLarge(f"request body over {limit} bytes", code="body_too_large"))
-    return await call_next(request)
+# Above the class: serve.ingress serializes the routes (and the globals they use) as it decorates.
+def rss_bytes() -> int:
+    """Resident memory of this router process (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 @serve.ingress(api)
@@ -64,29 +64,33 @@ class Ingress:
         api.state.max_body_bytes = self.cfg.max_body_bytes
         self.replicas = replicas
         self.core = RouterCore(self.cfg, replicas)
-        self.encoder = PromptEncoder.for_model(self.cfg.engine.model, self.cfg.engine.random_weights)
-        app_name = serve.get_replica_context().app_name
+        encoder = PromptEncoder.for_model(self.cfg.engine.model, self.cfg.engine.random_weights)
+        self.jobs = JobBuilder(self.cfg, encoder, self._max_model_len)
+        ctx = serve.get_replica_context()
+        self.router_id = ctx.replica_id.unique_id
+        self.core.metrics.router_info.labels(self.router_id).set(1)
+        self.drain = RouterDrain(ctx.app_name, self.router_id, self._held)
         self.monitor = ReplicaMonitor(
             replicas,
             self.core.dispatcher,
             self.core.metrics,
             self.core.recorder,
             self.cfg.load_poll_interval_s,
-            lambda: running_replicas(app_name, REPLICA_DEPLOYMENT),
+            lambda: running_replicas(ctx.app_name, REPLICA_DEPLOYMENT),
+            hooks=(self.drain.poll, self._probe_store),
         )
         self.monitor.start()
-        self._max_model_len: int | None = None
 
     # ---- OpenAI routes ------------------------------------------------------------------------
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", responses=api_docs.GENERATE)
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         return await self._serve(request, body, "completion")
 
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", responses=api_docs.GENERATE)
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         return await self._serve(request, body, "chat")
 
-    @api.get("/v1/models")
+    @api.get("/v1/models", responses=api_docs.TENANT)
     async def models(self, request: Request) -> Response:
         try:
             self._tenant(request)
@@ -96,46 +100,64 @@ class Ingress:
         return JSONResponse({"object": "list", "data": [card]})
 
     # ---- operations ---------------------------------------------------------------------------
-    @api.get("/health")
+    @api.get("/health", responses=api_docs.HEALTH)
     async def health(self) -> Response:
-        ok = self.monitor.replicas > 0
+        degraded = self.core.tenancy.quotas.degraded
+        if self.drain.draining:
+            status = "draining"
+        elif self.monitor.replicas <= 0:
+            status = "no_replicas"
+        else:
+            status = "degraded" if degraded else "ok"  # degraded: serving on local quota limits
         body = {
-            "status": "ok" if ok else "no_replicas",
+            "status": status,
+            "router": self.router_id,
             "replicas": self.monitor.replicas,
-            "quota_store_degraded": self.core.tenancy.quotas.degraded,
+            "quota_store_degraded": degraded,
         }
-        return JSONResponse(body, status_code=200 if ok else 503)
+        return JSONResponse(body, status_code=200 if status in ("ok", "degraded") else 503)
 
-    @api.get("/metrics")
+    @api.get("/metrics", responses=api_docs.METRICS)
     async def metrics(self) -> Response:
         self.core.refresh_queue_metrics()
+        self.core.metrics.draining.set(1 if self.drain.draining else 0)
         return Response(self.core.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @api.get("/v1/tenants/me/sla")
-    async def my_sla(self, request: Request) -> Response:
+    @api.get("/v1/tenants/{tenant_id}/sla", responses=api_docs.TENANT)
+    async def my_sla(self, tenant_id: str, request: Request) -> Response:
         try:
             tenant = self._tenant(request)
+            check_own(tenant, tenant_id, dict(request.query_params))
         except Exception as exc:
             return error_response(exc)
-        return JSONResponse(self._report(tenant.id))
+        return JSONResponse(sla_report(self.core.recorder, self.core.tenancy.config, tenant.id))
 
-    @api.get("/admin/sla")
+    @api.get("/v1/tenants/{tenant_id}/usage", responses=api_docs.TENANT)
+    async def my_usage(self, tenant_id: str, request: Request) -> Response:
+        try:
+            tenant = self._tenant(request)
+            check_own(tenant, tenant_id, dict(request.query_params))
+        except Exception as exc:
+            return error_response(exc)
+        return JSONResponse(usage(self.core.recorder.records(), tenant.id))
+
+    @api.get("/admin/sla", responses=api_docs.ADMIN)
     async def admin_sla(self, request: Request) -> Response:
-        return self._admin(request, lambda: self._report(None))
+        return self._admin(request, lambda: sla_report(self.core.recorder, self.core.tenancy.config, None))
 
-    @api.get("/admin/timings")
+    @api.get("/admin/timings", responses=api_docs.ADMIN)
     async def admin_timings(self, request: Request) -> Response:
         return self._admin(request, lambda: {"records": [r.to_dict() for r in self.core.recorder.records()]})
 
-    @api.post("/admin/timings/reset")
+    @api.post("/admin/timings/reset", responses=api_docs.ADMIN)
     async def admin_timings_reset(self, request: Request) -> Response:
         return self._admin(request, lambda: self.core.recorder.clear() or {"reset": True})
 
-    @api.get("/admin/state")
+    @api.get("/admin/state", responses=api_docs.ADMIN)
     async def admin_state(self, request: Request) -> Response:
         return self._admin(request, self._state)
 
-    @api.post("/admin/tenants/reload")
+    @api.post("/admin/tenants/reload", responses=api_docs.ADMIN)
     async def admin_reload(self, request: Request) -> Response:
         return self._admin(request, lambda: {"tenants": [t.id for t in self.core.reload_tenancy().tenants]})
 
@@ -146,7 +168,11 @@ class Ingress:
         request_id = uuid.uuid4().hex
         try:
             tenant = self._tenant(request)
-            job = await self._job(request_id, tenant, body)
+            if self.drain.draining:
+                raise Draining(int(self.cfg.drain_timeout_s) or 1)
+            job = await self.jobs.build(request_id, tenant, body)
+            if self.cfg.log_request_text:  # operators only: text stays out of logs by default
+                log.info("request %s tenant %s prompt %r", request_id, tenant.id, body.model_dump())
             active = await self.core.runner.open(job)
         except Exception as exc:
             return error_response(exc)
@@ -166,6 +192,8 @@ class Ingress:
                 last = item
         except Exception as exc:
             return error_response(exc)
+        if self.cfg.log_request_text:
+            log.info("request %s completion %r", meta.response_id, "".join(text))
         body = full_body(
             meta,
             "".join(text),
@@ -175,46 +203,19 @@ class Ingress:
         )
         return JSONResponse(body, headers=headers)
 
-    async def _job(
-        self, request_id: str, tenant: Tenant, body: CompletionRequest | ChatCompletionRequest
-    ) -> Job:
-        if body.model != self.cfg.served_model_name:
-            raise NotFound(f"the model {body.model!r} does not exist", code="model_not_found", param="model")
-        if isinstance(body, ChatCompletionRequest):
-            ids = self.encoder.chat(body.template_messages())
-            max_tokens = body.output_limit()
-        else:
-            try:
-                prompt = body.single_prompt()
-            except ValueError as exc:
-                raise BadRequest(str(exc), param="prompt") from None
-            ids = self.encoder.completion(prompt)
-            max_tokens = body.max_tokens
-        max_tokens = max_tokens or self.cfg.default_max_tokens
-        await self._check_context(len(ids), max_tokens)
-        sampling = {
-            "max_tokens": max_tokens,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "seed": body.seed,
-            "stop": body.stop_tuple(),
-        }
-        SamplingParams(**sampling)  # validate here: a bad value is a 400 before any quota is taken
-        coalesce = 0.0 if body.stream else NON_STREAM_COALESCE_S
-        return Job(request_id, tenant, tenant.sla_class, ids, sampling, coalesce)
+    async def _max_model_len(self) -> int:
+        info = await self.replicas.info.remote()
+        return int(info["max_model_len"])
 
-    async def _check_context(self, prompt_tokens: int, max_tokens: int) -> None:
-        if self._max_model_len is None:
-            info = await self.replicas.info.remote()
-            self._max_model_len = int(info["max_model_len"])
-        limit = self._max_model_len
-        if prompt_tokens + max_tokens > limit:
-            raise BadRequest(
-                f"this model's maximum context length is {limit} tokens; the request asks for "
-                f"{prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} to generate)",
-                code="context_length_exceeded",
-                param="prompt",
-            )
+    def _held(self) -> int:
+        """Requests this router still owes an ending: waiting in the fair queue or in flight."""
+        return self.core.dispatcher.in_flight + len(self.core.dispatcher.queue)
+
+    async def _probe_store(self) -> None:
+        """Reconnect to Redis from the monitor loop too, so an idle router leaves degraded mode."""
+        store = self.core.tenancy.quotas.store
+        if store.degraded and hasattr(store, "probe"):
+            await store.probe()
 
     def _tenant(self, request: Request) -> Tenant:
         key = parse_bearer(request.headers.get("authorization"))
@@ -230,12 +231,6 @@ class Ingress:
         except Exception as exc:
             return error_response(exc)
 
-    def _report(self, tenant_id: str | None) -> dict:
-        rec = self.core.recorder
-        records = [r for r in rec.records() if tenant_id is None or r.tenant_id == tenant_id]
-        window = time.monotonic() - rec.started
-        return build_report(records, self.core.tenancy.config, window, rec.replica_seconds).to_dict()
-
     def _state(self) -> dict:
         d = self.core.dispatcher
         store = self.core.store
@@ -249,4 +244,9 @@ class Ingress:
             "replicas": self.monitor.replicas,
             "active_leases": leases,
             "loads": self.monitor.loads,
+            "router": self.router_id,
+            "draining": self.drain.draining,
+            "quota_store_degraded": self.core.tenancy.quotas.degraded,
+            "waiters": self.core.dispatcher.waiters,
+            "rss_bytes": rss_bytes(),
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -15,6 +16,9 @@ from ray import serve
 
 from cluster.app import compose
 from cluster.config import AppConfig
+from cluster.drain import drain
+
+log = logging.getLogger(__name__)
 
 APP_NAME = "fairlane"
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
@@ -57,6 +61,10 @@ def local_cluster(config: AppConfig, address: str | None = None) -> Iterator[str
     start_ray(address)
     try:
         yield deploy(config)
+        # Leaving the block normally (SIGTERM or Ctrl-C in ``fairlane serve``, the end of a demo):
+        # stop admitting (503 + Retry-After) and let in-flight streams finish, within the drain time.
+        drained = drain(APP_NAME, config.num_routers, config.drain_timeout_s)
+        log.info("drain %s", "complete" if drained else f"cut short after {config.drain_timeout_s:.0f}s")
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -73,6 +73,15 @@ class ClusterMetrics:
         self.store_degraded = Gauge(
             "fairlane_quota_store_degraded", "1 while Redis is unreachable.", registry=r
         )
+        self.retries = Counter(
+            "fairlane_retries",
+            "Re-dispatches after a replica failed before the first token.",
+            TENANT,
+            registry=r,
+        )
+        self.draining = Gauge("fairlane_draining", "1 while this router drains for shutdown.", registry=r)
+        # Several routers answer /metrics in turn: the id tells a scraper whose counters it reads.
+        self.router_info = Gauge("fairlane_router_info", "This router's id.", ("router",), registry=r)
 
     def observe_end(self, t: RequestTiming) -> None:
         labels = (t.tenant_id, t.sla_class)

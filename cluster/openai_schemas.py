@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP = 4
+MAX_STOP_CHARS = 256  # a stop string is matched against the decoded tail at every step: keep it short
 
 
 class _Strict(BaseModel):
@@ -33,6 +34,8 @@ class _Sampling(_Strict):
     def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and (len(v) > MAX_STOP or any(not s for s in v)):
             raise ValueError(f"stop takes at most {MAX_STOP} non-empty strings")
+        if any(len(s) > MAX_STOP_CHARS for s in ([v] if isinstance(v, str) else v or [])):
+            raise ValueError(f"stop strings are at most {MAX_STOP_CHARS} characters")
         return v
 
     def stop_tuple(self) -> tuple[str, ...]:

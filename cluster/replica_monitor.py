@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -45,6 +45,7 @@ class ReplicaMonitor:
         recorder: TimingRecorder,
         interval_s: float,
         count: Callable[[], int | None],
+        hooks: tuple[Callable[[], Awaitable[None]], ...] = (),
     ) -> None:
         self._handle = handle
         self._dispatcher = dispatcher
@@ -52,6 +53,7 @@ class ReplicaMonitor:
         self._recorder = recorder
         self._interval = interval_s
         self._count = count
+        self._hooks = hooks  # per-poll duties of the router (drain flag, Redis reconnect probe)
         self.replicas = 0
         self.loads: dict[str, dict] = {}
         self._task: asyncio.Task | None = None
@@ -86,6 +88,8 @@ class ReplicaMonitor:
         self._recorder.tick_replicas(self.replicas)
         if self.replicas > 0:
             await self._poll_load(profile)
+        for hook in self._hooks:
+            await hook()
         d = self._dispatcher
         self._metrics.in_flight.set(d.in_flight)
         self._metrics.room.set(d.capacity)

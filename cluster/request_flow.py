@@ -1,7 +1,9 @@
 """One request's path through a router: admit → fair queue → dispatch → stream → release.
 
 ``RequestRunner.open`` runs everything up to the first output, so errors before the first token
-(429, 400, 503) become HTTP statuses even for streamed requests. After that, ``ActiveRequest``
+(429, 400, 503) become HTTP statuses even for streamed requests. A replica that fails before the
+first output is invisible to the client: the request is sent again (``retries`` times at most,
+Serve routes around the dead replica). After that, ``ActiveRequest``
 streams and its ``close`` ends the request exactly once: it cancels the replica stream if still
 open (the replica then aborts the engine request and frees its KV blocks), gives back the
 dispatch slot, releases the quota lease with the real output tokens, and records the timing.
@@ -18,13 +20,14 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle
 
 from cluster.dispatcher import Dispatcher, DispatchSlot
-from cluster.errors import BadRequest, ClusterError, ServiceUnavailable
+from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnavailable
 from cluster.metrics import ClusterMetrics
 from cluster.request_timing import Outcome, RequestTiming, TimingRecorder
 from cluster.wire import GenerateArgs
 from tenancy import Lease, QueueFull, QuotaExceeded, QuotaManager, RequestLimitExceeded, Tenant
 
 RENEW_EVERY_S = 300.0  # well inside the shared store's lease TTL (900 s)
+RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 2.0)  # lets Serve's replica set catch up with a dead replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class Job:
 class Timeouts:
     first_token_s: float
     token_s: float
+    first_token_retries: int = 0
 
 
 class RequestRunner:
@@ -82,14 +86,35 @@ class RequestRunner:
             )
             active.slot = await self.dispatcher.wait_turn(queued)
             timing.dispatched = time.monotonic()
-            active.stream = self._replicas.generate.remote(
-                GenerateArgs(job.request_id, job.prompt_ids, job.sampling, job.coalesce_s)
-            )
-            active.first = await active.next_item(self.timeouts.first_token_s)
+            await self._first_output(active)
         except BaseException as exc:
             await active.close(*_outcome(exc))
             raise
         return active
+
+    async def _first_output(self, active: ActiveRequest) -> None:
+        """Open the replica stream and read its first output, re-dispatching after a replica failure.
+
+        Only failures of the replica itself are retried: nothing reached the client yet, so a new
+        attempt (under a fresh engine request id) is invisible to it. Timeouts are not retried; the
+        wait was already spent.
+        """
+        job = active.job
+        for attempt in range(self.timeouts.first_token_retries + 1):
+            engine_id = job.request_id if attempt == 0 else f"{job.request_id}-r{attempt}"
+            active.stream = self._replicas.generate.remote(
+                GenerateArgs(engine_id, job.prompt_ids, job.sampling, job.coalesce_s)
+            )
+            try:
+                active.first = await active.next_item(self.timeouts.first_token_s)
+                return
+            except ReplicaFailure:
+                if attempt == self.timeouts.first_token_retries:
+                    raise
+            active.stream.cancel()
+            active.retries += 1
+            self.metrics.retries.labels(job.tenant.id, job.sla_class).inc()
+            await asyncio.sleep(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
 
 
 class ActiveRequest:
@@ -104,6 +129,7 @@ class ActiveRequest:
         self.slot: DispatchSlot | None = None
         self.stream = None
         self.first: dict[str, Any] | None = None
+        self.retries = 0
         self._finished = False
         self._closed = False
 
@@ -135,11 +161,11 @@ class ActiveRequest:
         except TimeoutError:
             raise ServiceUnavailable("the replica did not answer in time", code="replica_timeout") from None
         except StopAsyncIteration:
-            raise ServiceUnavailable("the replica ended the stream early", code="replica_error") from None
+            raise ReplicaFailure("the replica ended the stream early") from None
         except (ClusterError, asyncio.CancelledError):
             raise
         except Exception as exc:  # a replica died or Serve could not route: retryable for the client
-            raise ServiceUnavailable(f"replica failure: {type(exc).__name__}", code="replica_error") from exc
+            raise ReplicaFailure(f"replica failure: {type(exc).__name__}") from exc
         error = item.get("error")
         if error is not None:
             if error["kind"] == "invalid_request":

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ray.serve.handle import DeploymentHandle
-from redis.asyncio import Redis
 
 from cluster.config import AppConfig
 from cluster.dispatcher import Dispatcher
@@ -35,7 +34,10 @@ def read_tenancy(config: AppConfig) -> TenancyConfig:
 def make_store(config: AppConfig) -> QuotaStore:
     if config.redis_url is None:
         return MemoryQuotaStore()
-    return RedisQuotaStore(Redis.from_url(config.redis_url), prefix=config.redis_prefix)
+    # from_url: short socket timeouts and no client retries, so no request waits long on a dead Redis.
+    return RedisQuotaStore.from_url(
+        config.redis_url, prefix=config.redis_prefix, fallback_fraction=config.fallback_fraction
+    )
 
 
 @dataclass
@@ -64,7 +66,7 @@ class RouterCore:
             replicas=config.min_replicas,
             queue_timeout_s=config.queue_timeout_s,
         )
-        timeouts = Timeouts(config.first_token_timeout_s, config.token_timeout_s)
+        timeouts = Timeouts(config.first_token_timeout_s, config.token_timeout_s, config.first_token_retries)
         self.runner = RequestRunner(
             self.tenancy.quotas, self.dispatcher, replicas, self.metrics, self.recorder, timeouts
         )

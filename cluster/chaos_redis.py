@@ -1,0 +1,103 @@
+"""The Redis outage drill: stop the shared quota store under load, check that every router serves on
+local limits and says "degraded", start it again and time the reconnection.
+
+The quota check needs one tenant whose requests-per-minute quota the load exceeds: over the whole
+drill it may be admitted at most its bucket, plus the refill over the drill's length, plus one
+refill window (the local buckets the routers use during the outage, each ``1 / routers`` of it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from cluster.chaos_drills import DrillReport, Fault, Target, _counted, _pct, _report, _steady
+
+
+async def router_health(client: httpx.AsyncClient, routers: int, max_scrapes: int = 60) -> dict[str, str]:
+    """Each router's /health status (the proxy picks one router per call: ask until all answered)."""
+    seen: dict[str, str] = {}
+    for _ in range(max_scrapes):
+        body = (await client.get("/health")).json()
+        seen[body.get("router", "?")] = body["status"]
+        if len(seen) >= routers:
+            break
+    return seen
+
+
+async def _wait_status(client: httpx.AsyncClient, routers: int, status: str, timeout_s: float) -> float:
+    """Seconds until every router reports ``status`` (``timeout_s`` + 1 when it never happened)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        seen = await router_health(client, routers)
+        if len(seen) >= routers and set(seen.values()) == {status}:
+            return time.monotonic() - started
+        await asyncio.sleep(0.25)
+    return timeout_s + 1
+
+
+async def redis_outage(
+    target: Target,
+    stop_redis: Fault,
+    start_redis: Fault,
+    limited: tuple[str, str, int],
+    before_s: float = 4.0,
+    outage_s: float = 8.0,
+    after_s: float = 6.0,
+    per_tenant: int = 1,
+    max_tokens: int = 4,
+    status_timeout_s: float = 20.0,
+) -> DrillReport:
+    """``limited`` = (tenant id, key, requests per minute) of the tenant that pushes past its quota."""
+    tenant_id, key, rpm = limited
+    pushy = Target(target.base_url, {tenant_id: key}, target.admin_key, target.model, target.routers)
+    times: dict[str, float] = {}
+    async with target.client(timeout_s=60) as client:
+        stop = asyncio.Event()
+
+        async def run() -> list:
+            times["start"] = time.monotonic()
+            load = asyncio.gather(
+                _steady(client, target, per_tenant, max_tokens, stop),
+                _steady(client, pushy, 2, max_tokens, stop),
+            )
+            await asyncio.sleep(before_s)
+            times["down"] = time.monotonic()
+            await stop_redis()
+            times["degraded_after_s"] = await _wait_status(
+                client, target.routers, "degraded", status_timeout_s
+            )
+            await asyncio.sleep(max(0.0, outage_s - (time.monotonic() - times["down"])))
+            times["up"] = time.monotonic()
+            await start_redis()
+            times["reconnect_s"] = await _wait_status(client, target.routers, "ok", status_timeout_s)
+            await asyncio.sleep(after_s)
+            stop.set()
+            steady, pushed = await load
+            times["end"] = time.monotonic()
+            return steady + pushed
+
+        records, server = await _counted(client, target, run)
+    return _outage_report(records, server, times, tenant_id, rpm, target.routers)
+
+
+def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: int) -> DrillReport:
+    span = times["end"] - times["start"]
+    admitted = sum(r.tenant == tenant_id and r.ending != "rejected" for r in records)
+    # bucket + refill over the drill + one refill window (the routers' local buckets together)
+    bound = rpm + rpm * span / 60.0 + rpm
+    during = [r for r in records if times["down"] <= r.started < times["up"]]
+    return _report(
+        "redis_outage",
+        records,
+        server,
+        degraded_after_s=round(times["degraded_after_s"], 2),
+        reconnect_s=round(times["reconnect_s"], 2),
+        served_during_outage=sum(r.ending == "completed" for r in during),
+        outage_latency_p99_s=round(_pct([r.latency for r in during], 0.99), 3),
+        limited_admitted=admitted,
+        limited_bound=round(bound, 1),
+        routers=routers,
+    )

@@ -1,0 +1,76 @@
+"""Names, keys and small checks shared by the fault tests."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import ray
+
+from cluster.chaos_drills import DrillReport, Target
+from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS, hash_api_key
+
+FAULT_APP, FAULT_PREFIX = "fl-faults", "/faults"
+FUZZ_KEY = "sk-test-fuzz-5f1c"
+MODEL = "smollm2-135m"
+
+
+def fuzz_tenant() -> dict:
+    """Tiny per-request limits: a fuzzed valid request runs at most 4 tokens on a short prompt."""
+    return {
+        "id": "fuzz",
+        "display_name": "fuzz",
+        "api_key_hashes": [hash_api_key(FUZZ_KEY)],
+        "weight": 1.0,
+        "sla_class": "standard",
+        "quotas": {
+            "requests_per_minute": 100_000,
+            "tokens_per_minute": 10_000_000,
+            "max_concurrent_requests": 64,
+            "max_tokens_per_request": 4,
+            "max_context_length": 256,
+        },
+    }
+
+
+def target(base_url: str, routers: int = 1) -> Target:
+    keys = {t: DEMO_KEYS[t] for t in ("alice", "bob", "carol")}
+    return Target(base_url, keys, DEMO_ADMIN_KEY, MODEL, routers)
+
+
+def assert_accounted(report: DrillReport) -> None:
+    """Nothing lost, nothing counted twice: the client's endings add up and match the server's."""
+    c, s = report.client, report.server
+    assert c["sent"] == c["completed"] + c["rejected"] + c["errored"] + c["aborted"], c
+    assert s["sent"] == c["sent"], (c, s)
+    assert report.balanced, (c, s)
+
+
+def serve_logs(app: str) -> list[str]:
+    """Serve's log files of ``app``'s routers and replicas in this Ray session."""
+    session = ray._private.worker._global_node.get_session_dir_path()
+    return sorted(glob.glob(os.path.join(session, "logs", "serve", f"replica_{app}_*.log")))
+
+
+def log_text_since(paths: list[str], offsets: dict[str, int]) -> str:
+    """What the files gained since ``offsets`` (file sizes taken earlier)."""
+    out = []
+    for p in paths:
+        with open(p, encoding="utf-8", errors="replace") as f:
+            f.seek(offsets.get(p, 0))
+            out.append(f.read())
+    return "\n".join(out)
+
+
+def log_offsets(paths: list[str]) -> dict[str, int]:
+    return {p: os.path.getsize(p) for p in paths}
+
+
+def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
