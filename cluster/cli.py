@@ -154,14 +154,14 @@ def report_cmd(
 
 @app.command("simulate")
 def simulate_cmd(
-    scenario: str = typer.Argument(..., help="Scenario name (loadtest/sim/scenarios or loadtest/scenarios) or YAML."),
+    scenario: str = typer.Argument(..., help="Scenario name (sim or loadtest scenarios) or YAML path."),
     out: Path = typer.Option(..., "--out", help="Folder: comparison.json, one folder per policy."),
     tenants: int = typer.Option(1000, "--tenants", help="Tenants, cloned from the scenario's."),
     replicas: int = typer.Option(64, "--replicas", help="Replicas (initial ones with --autoscale-max)."),
     requests: int = typer.Option(100_000, "--requests", help="Requests in the trace."),
     policies: str = typer.Option("fcfs,rate_limits,vtc,fairlane", "--policies", help="Comma-separated."),
     load_factor: float = typer.Option(1.5, "--load-factor", help="Offered work / estimated capacity."),
-    step_model: str = typer.Option("h200-llama-3.1-8b", "--step-model", help="loadtest/sim/data/step_<name>.json"),
+    step_model: str = typer.Option("h200-llama-3.1-8b", "--step-model", help="sim/data/step_<name>.json"),
     autoscale_max: int | None = typer.Option(None, "--autoscale-max", help="Autoscale up to this many."),
     records: bool = typer.Option(True, "--records/--no-records", help="Write per-request records.jsonl."),
     seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed."),
@@ -169,7 +169,9 @@ def simulate_cmd(
     """Discrete-event simulation of the real admission, fair queue and dispatch at platform scale."""
     from loadtest.sim.cli import build_spec, run_cli
 
-    spec = build_spec(tenants, replicas, requests, policies, load_factor, step_model, autoscale_max, records, seed)
+    spec = build_spec(
+        tenants, replicas, requests, policies, load_factor, step_model, autoscale_max, records, seed
+    )
     run_cli(scenario, spec, out, console)
 
 

@@ -20,8 +20,9 @@ from loadtest.sim.spec import AutoscalingSpec
 
 
 class Autoscaler:
-    def __init__(self, loop: EventLoop, pool: ReplicaPool, spec: AutoscalingSpec,
-                 keep_running: Callable[[], bool]) -> None:
+    def __init__(
+        self, loop: EventLoop, pool: ReplicaPool, spec: AutoscalingSpec, keep_running: Callable[[], bool]
+    ) -> None:
         self._loop, self._pool, self._spec = loop, pool, spec
         self._keep_running = keep_running
         self._samples: deque[tuple[float, int]] = deque()

@@ -11,17 +11,28 @@ from loadtest.sim.runner import find_scenario, run_simulation
 from loadtest.sim.spec import AutoscalingSpec, SimSpec
 
 
-def build_spec(tenants: int, replicas: int, requests: int, policies: str, load_factor: float,
-               step_model: str, autoscale_max: int | None, write_records: bool, seed: int | None) -> SimSpec:
+def build_spec(
+    tenants: int,
+    replicas: int,
+    requests: int,
+    policies: str,
+    load_factor: float,
+    step_model: str,
+    autoscale_max: int | None,
+    write_records: bool,
+    seed: int | None,
+) -> SimSpec:
     autoscaling = None
     if autoscale_max is not None:
         autoscaling = AutoscalingSpec(min_replicas=1, max_replicas=autoscale_max, initial_replicas=replicas)
-    return SimSpec.model_validate({
-        "scale": {"tenants": tenants, "requests": requests, "load_factor": load_factor, "seed": seed},
-        "cluster": {"replicas": replicas, "step_model": step_model, "autoscaling": autoscaling},
-        "policies": tuple(p.strip() for p in policies.split(",") if p.strip()),
-        "write_records": write_records,
-    })
+    return SimSpec.model_validate(
+        {
+            "scale": {"tenants": tenants, "requests": requests, "load_factor": load_factor, "seed": seed},
+            "cluster": {"replicas": replicas, "step_model": step_model, "autoscaling": autoscaling},
+            "policies": tuple(p.strip() for p in policies.split(",") if p.strip()),
+            "write_records": write_records,
+        }
+    )
 
 
 def run_cli(scenario: str, spec: SimSpec, out: Path, console: Console) -> dict:
@@ -32,18 +43,33 @@ def run_cli(scenario: str, spec: SimSpec, out: Path, console: Console) -> dict:
 
 
 def comparison_table(report: dict) -> Table:
-    table = Table(title=f"{report['scenario']}: {report['requests']} requests, {report['tenants']} tenants, "
-                        f"{report['spec']['cluster']['replicas']} replicas ({report['simulated_s']:.0f} s simulated)")
-    cols = ("policy", "ok req/s", "interactive TTFT att.", "batch att.", "max gap (w-tokens)", "Jain",
-            "$ / success", "wall s")
+    table = Table(
+        title=f"{report['scenario']}: {report['requests']} requests, {report['tenants']} tenants, "
+        f"{report['spec']['cluster']['replicas']} replicas ({report['simulated_s']:.0f} s simulated)"
+    )
+    cols = (
+        "policy",
+        "ok req/s",
+        "interactive TTFT att.",
+        "batch att.",
+        "max gap (w-tokens)",
+        "Jain",
+        "$ / success",
+        "wall s",
+    )
     for c in cols:
         table.add_column(c, justify="left" if c == "policy" else "right")
     for name, s in report["policies"].items():
         cls = s["classes"]
         table.add_row(
-            name, f"{s['throughput_rps']:.1f}", _pct(cls.get("interactive", {}).get("ttft_attainment")),
-            _pct(cls.get("batch", {}).get("attainment")), _num(s["fairness"]["max_service_gap"]),
-            _num(s["fairness"]["jain"], ".3f"), f"{s['dollars_per_success']:.6f}", f"{s['wall_s']:.1f}",
+            name,
+            f"{s['throughput_rps']:.1f}",
+            _pct(cls.get("interactive", {}).get("ttft_attainment")),
+            _pct(cls.get("batch", {}).get("attainment")),
+            _num(s["fairness"]["max_service_gap"]),
+            _num(s["fairness"]["jain"], ".3f"),
+            f"{s['dollars_per_success']:.6f}",
+            f"{s['wall_s']:.1f}",
         )
     return table
 

@@ -37,10 +37,15 @@ def _figures(run: dict) -> dict:
     r = run["results"]["async"]
     p = r["profile"]
     return {
-        "date": run["date"], "cuda": run["cuda"], "args": run["args"],
-        "tpot_ms_p50": r["tpot_ms_p50"], "ttft_ms_p50": r["ttft_ms_p50"],
-        "output_tokens_per_s": r["output_tokens_per_s"], "steps": p["steps"],
-        "compute_ms": p["compute_ms"], "mean_batch_size": p["mean_batch_size"],
+        "date": run["date"],
+        "cuda": run["cuda"],
+        "args": run["args"],
+        "tpot_ms_p50": r["tpot_ms_p50"],
+        "ttft_ms_p50": r["ttft_ms_p50"],
+        "output_tokens_per_s": r["output_tokens_per_s"],
+        "steps": p["steps"],
+        "compute_ms": p["compute_ms"],
+        "mean_batch_size": p["mean_batch_size"],
         "copy_bandwidth_gbps": r.get("roofline", {}).get("copy_bandwidth_gbps"),
     }
 
@@ -63,13 +68,19 @@ def derive(src: Path) -> dict[str, dict]:
         c = (f["compute_ms"]["mean"] - f["compute_ms"]["p50"]) * f["steps"] / prefill
         a = f["tpot_ms_p50"] - b * 32 - d_of[model] * ctx
         models[model] = {
-            "name": f"h200-{model}", "a_ms": a, "b_ms_per_seq": b, "c_ms_per_prefill_token": c,
+            "name": f"h200-{model}",
+            "a_ms": a,
+            "b_ms_per_seq": b,
+            "c_ms_per_prefill_token": c,
             "d_ms_per_context_token": d_of[model],
             "provenance": {
                 "source": f"/work/.device/4/{RUNS[model]} (+ b_smol256.json for b); "
-                          "loadtest/sim/derive_gpu_models.py (module docstring: which figure gives which term)",
-                "date": f["date"], "device": f["cuda"], "kv_bytes_per_token": kv_bytes_per_token(model),
-                "copy_bandwidth_gbps": bw / 1e9, "decode_context_tokens_at_b32": ctx,
+                "loadtest/sim/derive_gpu_models.py (module docstring: which figure gives which term)",
+                "date": f["date"],
+                "device": f["cuda"],
+                "kv_bytes_per_token": kv_bytes_per_token(model),
+                "copy_bandwidth_gbps": bw / 1e9,
+                "decode_context_tokens_at_b32": ctx,
             },
         }
     return {"models": models, "figures": figs}

@@ -32,17 +32,25 @@ def records(trace: Trace, run: RunResult) -> list[RequestRecord]:
         t = trace.tenants[trace.tenant[i]]
         status = int(o.status[i])
         ok = status == OK
-        out.append(RequestRecord(
-            request_id=str(i), tenant=t.id, sla_class=t.sla_class, weight=t.weight,
-            scheduled=arrival[i], sent=arrival[i],
-            first_token=first[i] if ok else None, end=_finite(end[i]),
-            prompt_tokens=int(trace.prompt[i]), output_tokens=int(o.output[i]),
-            max_tokens=int(trace.max_tokens[i]),
-            status="ok" if ok else ("cancelled" if status == UNFINISHED else "http_error"),
-            http_status=HTTP_STATUS[status] or None,
-            error=None if ok else _error(status, o.reason.get(i)),
-            server_id=f"sim-replica-{o.replica[i]}" if ok else None,
-        ))
+        out.append(
+            RequestRecord(
+                request_id=str(i),
+                tenant=t.id,
+                sla_class=t.sla_class,
+                weight=t.weight,
+                scheduled=arrival[i],
+                sent=arrival[i],
+                first_token=first[i] if ok else None,
+                end=_finite(end[i]),
+                prompt_tokens=int(trace.prompt[i]),
+                output_tokens=int(o.output[i]),
+                max_tokens=int(trace.max_tokens[i]),
+                status="ok" if ok else ("cancelled" if status == UNFINISHED else "http_error"),
+                http_status=HTTP_STATUS[status] or None,
+                error=None if ok else _error(status, o.reason.get(i)),
+                server_id=f"sim-replica-{o.replica[i]}" if ok else None,
+            )
+        )
     return out
 
 
@@ -57,8 +65,9 @@ def _error(status: int, reason: str | None) -> str:
     return f"{name}:{reason}" if reason else name
 
 
-def write_policy(out: Path, scenario: Scenario, trace: Trace, run: RunResult, summary: dict,
-                 write_records_file: bool) -> Path:
+def write_policy(
+    out: Path, scenario: Scenario, trace: Trace, run: RunResult, summary: dict, write_records_file: bool
+) -> Path:
     from loadtest.summary import summarize as loadgen_summarize
 
     folder = out / run.policy.name
@@ -69,11 +78,24 @@ def write_policy(out: Path, scenario: Scenario, trace: Trace, run: RunResult, su
         recs = records(trace, run)
         write_records(folder / RECORDS_FILE, recs)
         if len(trace) <= LOADGEN_SUMMARY_MAX:
-            meta = {"scenario": scenario.name, "url": "simulator", "source": "loadtest.sim",
-                    "policy": run.policy.name, "duration_s": trace.duration_s, "warmup_s": 0.0,
-                    "elapsed_s": run.end_time, "started_unix": None, "replica_samples": []}
-            s = loadgen_summarize(recs, scenario.classes, meta, run.replica_seconds,
-                                  summary["dollars"] / max(summary["gpu_hours"], 1e-12))
+            meta = {
+                "scenario": scenario.name,
+                "url": "simulator",
+                "source": "loadtest.sim",
+                "policy": run.policy.name,
+                "duration_s": trace.duration_s,
+                "warmup_s": 0.0,
+                "elapsed_s": run.end_time,
+                "started_unix": None,
+                "replica_samples": [],
+            }
+            s = loadgen_summarize(
+                recs,
+                scenario.classes,
+                meta,
+                run.replica_seconds,
+                summary["dollars"] / max(summary["gpu_hours"], 1e-12),
+            )
             (folder / "summary.json").write_text(json.dumps(s, indent=1, default=_json_default))
     return folder
 

@@ -10,8 +10,14 @@ from loadtest.sim.replica import Job, ReplicaSpec, SimReplica
 
 
 class ReplicaPool:
-    def __init__(self, loop: EventLoop, spec: ReplicaSpec, on_finish: Callable[[Job, float], None],
-                 on_change: Callable[[int], None], start_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        spec: ReplicaSpec,
+        on_finish: Callable[[Job, float], None],
+        on_change: Callable[[int], None],
+        start_s: float = 0.0,
+    ) -> None:
         self._loop = loop
         self._spec = spec
         self._on_finish = on_finish

@@ -12,15 +12,23 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from tenancy import FairQueue, FairShareSettings, QueuedRequest, QueueFull, TenancyConfig, policies_from_config
+from tenancy import (
+    FairQueue,
+    FairShareSettings,
+    QueuedRequest,
+    QueueFull,
+    TenancyConfig,
+    policies_from_config,
+)
 from tenancy.queued_request import TenantPolicy
 
 
 class FifoQueue:
     """Arrival order across all tenants; the same per-tenant and total bounds as ``FairQueue``."""
 
-    def __init__(self, policies: Mapping[str, TenantPolicy], settings: FairShareSettings,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, policies: Mapping[str, TenantPolicy], settings: FairShareSettings, clock: Callable[[], float]
+    ) -> None:
         self._policies = dict(policies)
         self._settings = settings
         self._clock = clock
@@ -33,12 +41,19 @@ class FifoQueue:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._items
 
-    def make_request(self, request_id: str, tenant_id: str, prompt_tokens: int, max_tokens: int,
-                     arrival: float | None = None) -> QueuedRequest:
+    def make_request(
+        self,
+        request_id: str,
+        tenant_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        arrival: float | None = None,
+    ) -> QueuedRequest:
         p = self._policies[tenant_id]
         now = self._clock() if arrival is None else arrival
-        return QueuedRequest(request_id, tenant_id, p.sla_class, p.tier, prompt_tokens, max_tokens, now,
-                             now + p.ttft_target_s)
+        return QueuedRequest(
+            request_id, tenant_id, p.sla_class, p.tier, prompt_tokens, max_tokens, now, now + p.ttft_target_s
+        )
 
     def push(self, request: QueuedRequest) -> None:
         depth = self._per_tenant.get(request.tenant_id, 0)

@@ -91,7 +91,9 @@ class SimReplica:
         job.blocks = self.blocks_for(job.prompt, job.output)
         job.replica = self.index
         if job.blocks > self.spec.kv_blocks:
-            raise ValueError(f"request {job.rid} needs {job.blocks} KV blocks, the replica has {self.spec.kv_blocks}")
+            raise ValueError(
+                f"request {job.rid} needs {job.blocks} KV blocks, the replica has {self.spec.kv_blocks}"
+            )
         self.pending.append(job)
         self.ongoing += 1
         if self.phase is not None or not self._can_admit():
@@ -122,7 +124,11 @@ class SimReplica:
         alpha = m.d * b / 2
         beta = m.a + m.b * b + m.d * (self.kc + b * self.s0) - alpha
         target = dt * 1000.0
-        n = target / beta if alpha == 0 else (-beta + math.sqrt(beta * beta + 4 * alpha * target)) / (2 * alpha)
+        n = (
+            target / beta
+            if alpha == 0
+            else (-beta + math.sqrt(beta * beta + 4 * alpha * target)) / (2 * alpha)
+        )
         n = max(1, math.ceil(n - 1e-9))
         while self._elapsed(n) < dt:
             n += 1

@@ -79,8 +79,9 @@ class FairlaneKV:
 
     def refresh(self, replicas: Sequence[SimReplica]) -> None:
         """What ``record_routing_stats`` would publish now (Serve polls it periodically)."""
-        self._stats = {r.index: {"kv_blocks_free": r.free_blocks, "waiting_tokens": r.waiting_tokens}
-                       for r in replicas}
+        self._stats = {
+            r.index: {"kv_blocks_free": r.free_blocks, "waiting_tokens": r.waiting_tokens} for r in replicas
+        }
         self._version = {r.index: self._version.get(r.index, 0) + 1 for r in replicas}
         self._heap = [self._entry(r) for r in replicas]
         heapq.heapify(self._heap)

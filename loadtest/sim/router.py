@@ -37,7 +37,7 @@ class NoReserveDispatcher(Dispatcher):
 class _Grant:
     """Stands in for the asyncio future ``Dispatcher._kick`` resolves when it grants a slot."""
 
-    __slots__ = ("_router", "_rid", "_done")
+    __slots__ = ("_done", "_rid", "_router")
 
     def __init__(self, router: SimRouter, rid: str) -> None:
         self._router, self._rid, self._done = router, rid, False
@@ -51,9 +51,19 @@ class _Grant:
 
 
 class SimRouter:
-    def __init__(self, loop: EventLoop, trace: Trace, quotas: QuotaManager | None, dispatcher: Dispatcher,
-                 chooser: Chooser, pool: ReplicaPool, outcomes: Outcomes, sampler: ServiceSampler,
-                 max_ongoing: int, queue_timeout_s: float) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        trace: Trace,
+        quotas: QuotaManager | None,
+        dispatcher: Dispatcher,
+        chooser: Chooser,
+        pool: ReplicaPool,
+        outcomes: Outcomes,
+        sampler: ServiceSampler,
+        max_ongoing: int,
+        queue_timeout_s: float,
+    ) -> None:
         self._loop, self._trace, self._quotas = loop, trace, quotas
         self._dispatcher, self._queue = dispatcher, dispatcher.queue
         self._chooser, self._pool, self._outcomes, self._sampler = chooser, pool, outcomes, sampler

@@ -26,28 +26,42 @@ def find_scenario(name_or_path: str) -> Scenario:
     return load_scenario(local if local.exists() else name_or_path)
 
 
-def run_simulation(scenario: Scenario, spec: SimSpec, out: Path | None = None,
-                   progress: Callable[[str], None] = lambda _: None) -> dict:
+def run_simulation(
+    scenario: Scenario,
+    spec: SimSpec,
+    out: Path | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict:
     step = load_step_model(spec.cluster.step_model)
     t0 = time.perf_counter()
     trace = build_trace(scenario, spec.scale, spec.cluster, step)
     config = tenancy_config(scenario, trace.tenants, spec.scale, spec.cluster, trace.capacity_rps)
-    progress(f"trace: {len(trace)} requests, {len(trace.tenants)} tenants, {trace.duration_s:.0f} s simulated,"
-             f" capacity ≈ {trace.capacity_rps:.0f} req/s (built in {time.perf_counter() - t0:.1f} s)")
+    progress(
+        f"trace: {len(trace)} requests, {len(trace.tenants)} tenants, {trace.duration_s:.0f} s simulated,"
+        f" capacity ≈ {trace.capacity_rps:.0f} req/s (built in {time.perf_counter() - t0:.1f} s)"
+    )
     results = {}
     for name in spec.policies:
         run = simulate(trace, config, POLICIES[name], spec.cluster, step, spec.sample_interval_s)
         summary = summarize(trace, config, run)
         results[name] = summary
-        progress(f"{name}: {run.wall_s:.1f} s wall, {run.events} events, "
-                 f"{summary['throughput_rps']:.1f} ok req/s")
+        progress(
+            f"{name}: {run.wall_s:.1f} s wall, {run.events} events, {summary['throughput_rps']:.1f} ok req/s"
+        )
         if out is not None:
             write_policy(out, scenario, trace, run, summary, spec.write_records)
     report = {
-        "scenario": scenario.name, "spec": spec.model_dump(), "step_model": step.as_dict() | {"name": step.name},
-        "requests": len(trace), "tenants": len(trace.tenants), "simulated_s": trace.duration_s,
-        "capacity_rps_estimate": trace.capacity_rps, "machine": platform.platform(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": time.perf_counter() - t0, "policies": results,
+        "scenario": scenario.name,
+        "spec": spec.model_dump(),
+        "step_model": step.as_dict() | {"name": step.name},
+        "requests": len(trace),
+        "tenants": len(trace.tenants),
+        "simulated_s": trace.duration_s,
+        "capacity_rps_estimate": trace.capacity_rps,
+        "machine": platform.platform(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "wall_s": time.perf_counter() - t0,
+        "policies": results,
     }
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

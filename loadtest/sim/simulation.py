@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
-from dataclasses import dataclass, field
 
 from loadtest.sim.autoscaler import Autoscaler
 from loadtest.sim.events import EventLoop
@@ -34,8 +34,14 @@ class RunResult:
     scale_decisions: list[tuple[float, int]] = field(default_factory=list)
 
 
-def simulate(trace: Trace, config: TenancyConfig, policy: PolicySpec, cluster: ClusterSpec,
-             step: StepModel, sample_interval_s: float = 5.0) -> RunResult:
+def simulate(
+    trace: Trace,
+    config: TenancyConfig,
+    policy: PolicySpec,
+    cluster: ClusterSpec,
+    step: StepModel,
+    sample_interval_s: float = 5.0,
+) -> RunResult:
     from cluster.dispatcher import Dispatcher
 
     started = time.perf_counter()
@@ -48,8 +54,9 @@ def simulate(trace: Trace, config: TenancyConfig, policy: PolicySpec, cluster: C
     if policy.quotas:
         quotas = QuotaManager(config, MemoryQuotaStore(clock=loop.clock), clock=loop.clock)
     chooser = make_chooser(policy.choice)
-    spec = ReplicaSpec(step, cluster.kv_blocks, cluster.block_size, cluster.max_num_seqs,
-                       cluster.max_num_batched_tokens)
+    spec = ReplicaSpec(
+        step, cluster.kv_blocks, cluster.block_size, cluster.max_num_seqs, cluster.max_num_batched_tokens
+    )
     holder: list[SimRouter] = []
     a = cluster.autoscaling
 
@@ -57,10 +64,25 @@ def simulate(trace: Trace, config: TenancyConfig, policy: PolicySpec, cluster: C
         chooser.refresh(pool.ready)
         dispatcher.set_replicas(n)
 
-    pool = ReplicaPool(loop, spec, lambda job, now: holder[0].finished(job, now), replicas_changed,
-                       a.replica_start_s if a else 0.0)
-    router = SimRouter(loop, trace, quotas, dispatcher, chooser, pool, outcomes, sampler,
-                       cluster.replica_room + 8, cluster.queue_timeout_s)
+    pool = ReplicaPool(
+        loop,
+        spec,
+        lambda job, now: holder[0].finished(job, now),
+        replicas_changed,
+        a.replica_start_s if a else 0.0,
+    )
+    router = SimRouter(
+        loop,
+        trace,
+        quotas,
+        dispatcher,
+        chooser,
+        pool,
+        outcomes,
+        sampler,
+        cluster.replica_room + 8,
+        cluster.queue_timeout_s,
+    )
     holder.append(router)
     initial = cluster.replicas if a is None else (a.initial_replicas or a.min_replicas)
     pool.add(initial, immediately=True)
@@ -69,18 +91,35 @@ def simulate(trace: Trace, config: TenancyConfig, policy: PolicySpec, cluster: C
     if a is not None:
         autoscaler = Autoscaler(loop, pool, a, lambda: loop.now < last_arrival or router.in_system > 0)
         autoscaler.start()
-    _periodic(loop, cluster.routing_stats_period_s, lambda: chooser.refresh(pool.ready),
-              lambda: loop.now <= last_arrival or router.in_system > 0)
-    _periodic(loop, sample_interval_s, lambda: sampler.sample(loop.now),
-              lambda: loop.now <= last_arrival or router.in_system > 0)
+    _periodic(
+        loop,
+        cluster.routing_stats_period_s,
+        lambda: chooser.refresh(pool.ready),
+        lambda: loop.now <= last_arrival or router.in_system > 0,
+    )
+    _periodic(
+        loop,
+        sample_interval_s,
+        lambda: sampler.sample(loop.now),
+        lambda: loop.now <= last_arrival or router.in_system > 0,
+    )
     _feed(loop, trace, router)
     loop.run()
     end = float(np.nanmax(outcomes.end)) if len(trace) else 0.0  # periodic ticks may run past it
     loop.now = end
     sampler.sample(end)
     pool.close()
-    return RunResult(policy, outcomes, sampler, pool.replica_seconds, end, loop.events_run,
-                     time.perf_counter() - started, pool.peak, autoscaler.decisions if autoscaler else [])
+    return RunResult(
+        policy,
+        outcomes,
+        sampler,
+        pool.replica_seconds,
+        end,
+        loop.events_run,
+        time.perf_counter() - started,
+        pool.peak,
+        autoscaler.decisions if autoscaler else [],
+    )
 
 
 def _feed(loop: EventLoop, trace: Trace, router: SimRouter, chunk: int = 4096) -> None:

@@ -50,10 +50,14 @@ class ScaleSpec(_Strict):
     load_factor: float = Field(default=1.5, gt=0, description="Offered work / estimated cluster capacity.")
     rate_skew: float = Field(default=1.1, ge=0, description="Zipf exponent of per-tenant rates (0 = equal).")
     heavy_fraction: float = Field(default=0.01, ge=0, le=1, description="Share of tenants that are heavy.")
-    heavy_weight: float = Field(default=4.0, gt=0, description="Fair-share weight of heavy tenants (others 1).")
+    heavy_weight: float = Field(
+        default=4.0, gt=0, description="Fair-share weight of heavy tenants (others 1)."
+    )
     diurnal_amplitude: float = Field(default=0.4, ge=0, lt=1, description="Rate × (1 + A·sin) over the run.")
     diurnal_cycles: float = Field(default=1.0, ge=0, description="Diurnal periods over the run.")
-    quota_headroom: float = Field(default=1.0, gt=0, description="RPM quota = headroom × weighted share of capacity.")
+    quota_headroom: float = Field(
+        default=1.0, gt=0, description="RPM quota = headroom × weighted share of capacity."
+    )
     bundled_prompt_tokens: float = Field(default=60.0, gt=0, description="Mean prompt of 'bundled' prompts.")
     seed: int | None = Field(default=None, description="None: the scenario's seed.")
 
@@ -82,7 +86,9 @@ class ClusterSpec(_Strict):
     """Replicas and their engine, the router's room and timeouts, the price."""
 
     replicas: int = Field(default=64, gt=0, description="Fixed replicas (initial, with autoscaling).")
-    step_model: str = Field(default="h200-llama-3.1-8b", description="loadtest/sim/data/step_<name>.json or path.")
+    step_model: str = Field(
+        default="h200-llama-3.1-8b", description="loadtest/sim/data/step_<name>.json or path."
+    )
     kv_blocks: int = Field(default=54_067, gt=0, description="KV blocks per replica (8B on H200: 54 067).")
     block_size: int = Field(default=16, gt=0)
     max_num_seqs: int = Field(default=64, gt=0)

@@ -70,7 +70,8 @@ def _per_class(trace: Trace, config: TenancyConfig, ok, ttft, tpot, e2e, span) -
         met_all = met_ttft & (e2e <= c.e2e_target_s) & ~(tpot > c.tpot_target_s)
         offered, n_served = int(mask.sum()), int(served.sum())
         out[c.name] = {
-            "offered": offered, "served": n_served,
+            "offered": offered,
+            "served": n_served,
             "ttft_attainment": float(met_ttft.sum() / offered) if offered else None,
             "attainment": float(met_all.sum() / offered) if offered else None,
             "attainment_of_served": float(met_all.sum() / n_served) if n_served else None,
@@ -95,9 +96,12 @@ def fairness(trace: Trace, run: RunResult) -> dict:
     for window in GAP_WINDOWS_S:
         lag = max(1, round(window / step))
         gaps[f"{window:g}s"] = _max_gap(service, backlog, groups, lag)
-    return {"jain": jain, "contending_tenants": int(contending.sum()),
-            "max_service_gap": max((g for g in gaps.values() if g is not None), default=None),
-            "max_service_gap_by_window": gaps}
+    return {
+        "jain": jain,
+        "contending_tenants": int(contending.sum()),
+        "max_service_gap": max((g for g in gaps.values() if g is not None), default=None),
+        "max_service_gap_by_window": gaps,
+    }
 
 
 def _max_gap(service: np.ndarray, backlog: np.ndarray, groups: dict, lag: int) -> float | None:
@@ -105,7 +109,7 @@ def _max_gap(service: np.ndarray, backlog: np.ndarray, groups: dict, lag: int) -
     if lag >= len(service):
         return None
     not_backlogged = np.cumsum(np.vstack([np.zeros((1, backlog.shape[1])), ~backlog]), axis=0)
-    through = (not_backlogged[lag + 1:] - not_backlogged[:-lag - 1]) == 0  # windows [i, i+lag]
+    through = (not_backlogged[lag + 1 :] - not_backlogged[: -lag - 1]) == 0  # windows [i, i+lag]
     delta = service[lag:] - service[:-lag]
     best = None
     for members in groups.values():

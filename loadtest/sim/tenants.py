@@ -17,8 +17,13 @@ from tenancy import Quotas, TenancyConfig, Tenant, hash_api_key
 MAX_CONTEXT = 1 << 20
 
 
-def tenancy_config(scenario: Scenario, tenants: tuple[SimTenant, ...], scale: ScaleSpec,
-                   cluster: ClusterSpec, capacity_rps: float) -> TenancyConfig:
+def tenancy_config(
+    scenario: Scenario,
+    tenants: tuple[SimTenant, ...],
+    scale: ScaleSpec,
+    cluster: ClusterSpec,
+    capacity_rps: float,
+) -> TenancyConfig:
     total_weight = sum(t.weight for t in tenants)
     return TenancyConfig(
         sla_classes=scenario.classes,
@@ -37,5 +42,11 @@ def _tenant(t: SimTenant, share_rps: float, scale: ScaleSpec, cluster: ClusterSp
         max_tokens_per_request=MAX_CONTEXT // 2,
         max_context_length=MAX_CONTEXT,
     )
-    return Tenant(id=t.id, display_name=t.id, api_key_hashes=(hash_api_key(f"sim-key-{t.id}"),),
-                  weight=t.weight, sla_class=t.sla_class, quotas=quotas)
+    return Tenant(
+        id=t.id,
+        display_name=t.id,
+        api_key_hashes=(hash_api_key(f"sim-key-{t.id}"),),
+        weight=t.weight,
+        sla_class=t.sla_class,
+        quotas=quotas,
+    )

@@ -46,8 +46,11 @@ class Trace:
 
 def mean_prompt(t: TenantLoad, scale: ScaleSpec) -> float:
     p = t.prompt
-    return {"fixed": lambda: p.tokens, "uniform": lambda: (p.min + p.max) / 2,
-            "bundled": lambda: scale.bundled_prompt_tokens}[p.kind]()
+    return {
+        "fixed": lambda: p.tokens,
+        "uniform": lambda: (p.min + p.max) / 2,
+        "bundled": lambda: scale.bundled_prompt_tokens,
+    }[p.kind]()
 
 
 def mean_output(t: TenantLoad) -> float:
@@ -85,8 +88,9 @@ def build_trace(scenario: Scenario, scale: ScaleSpec, cluster: ClusterSpec, step
         prompts = _lengths_prompt(t, len(times), scale, rng)
         outputs = _lengths_output(t, len(times), rng)
         weight = scale.heavy_weight if i in heavy else t.weight
-        tenants.append(SimTenant(f"{t.id}-{i:04d}", t.sla_class, weight, float(rates[i]), t.id,
-                                 _max_size(t, scale)))
+        tenants.append(
+            SimTenant(f"{t.id}-{i:04d}", t.sla_class, weight, float(rates[i]), t.id, _max_size(t, scale))
+        )
         parts.append((times, np.full(len(times), i, dtype=np.int32), prompts, outputs))
     arrival = _warp(np.concatenate([p[0] for p in parts]), duration, scale)
     order = np.argsort(arrival, kind="stable")

@@ -10,8 +10,14 @@ from loadtest.sim.workload import SimTenant, Trace
 from tenancy import Quotas, SLAClass, TenancyConfig, Tenant, hash_api_key
 
 CLASSES = (
-    SLAClass(name="interactive", priority_tier=0, ttft_target_s=1.0, tpot_target_s=0.1, e2e_target_s=30,
-             may_preempt_lower_tiers=True),
+    SLAClass(
+        name="interactive",
+        priority_tier=0,
+        ttft_target_s=1.0,
+        tpot_target_s=0.1,
+        e2e_target_s=30,
+        may_preempt_lower_tiers=True,
+    ),
     SLAClass(name="batch", priority_tier=2, ttft_target_s=60.0, tpot_target_s=1.0, e2e_target_s=3600),
 )
 
@@ -26,12 +32,26 @@ def make_trace(rows: list[tuple[float, int, int, int]], tenants: list[tuple[str,
 
 
 def make_config(tenants: list[tuple[str, str, float]], rpm: int = 100_000) -> TenancyConfig:
-    quotas = Quotas(requests_per_minute=rpm, tokens_per_minute=10**9, max_concurrent_requests=10_000,
-                    max_tokens_per_request=8192, max_context_length=16384)
+    quotas = Quotas(
+        requests_per_minute=rpm,
+        tokens_per_minute=10**9,
+        max_concurrent_requests=10_000,
+        max_tokens_per_request=8192,
+        max_context_length=16384,
+    )
     return TenancyConfig(
         sla_classes=CLASSES,
-        tenants=tuple(Tenant(id=t, display_name=t, api_key_hashes=(hash_api_key(f"k-{t}"),), weight=w,
-                             sla_class=c, quotas=quotas) for t, c, w in tenants),
+        tenants=tuple(
+            Tenant(
+                id=t,
+                display_name=t,
+                api_key_hashes=(hash_api_key(f"k-{t}"),),
+                weight=w,
+                sla_class=c,
+                quotas=quotas,
+            )
+            for t, c, w in tenants
+        ),
         admin_key_hash=hash_api_key("admin"),
     )
 

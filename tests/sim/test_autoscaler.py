@@ -26,8 +26,16 @@ class _Pool:
 
 
 def _spec(**kw) -> AutoscalingSpec:
-    base = {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 2, "upscale_delay_s": 3,
-            "downscale_delay_s": 5, "metrics_interval_s": 1, "look_back_period_s": 1, "replica_start_s": 0}
+    base = {
+        "min_replicas": 1,
+        "max_replicas": 8,
+        "target_ongoing_requests": 2,
+        "upscale_delay_s": 3,
+        "downscale_delay_s": 5,
+        "metrics_interval_s": 1,
+        "look_back_period_s": 1,
+        "replica_start_s": 0,
+    }
     return AutoscalingSpec.model_validate(base | kw)
 
 

@@ -63,7 +63,7 @@ def test_long_prompt_is_prefilled_in_chunks_of_the_token_budget(flat_10ms):
 
 def test_closed_form_stretch_equals_the_sum_of_its_steps():
     step = StepModel(5.0, 0.5, 0.0, 0.01)
-    loop, r, _ = _replica(step)
+    _loop, r, _ = _replica(step)
     r.batch, r.kc, r.s0 = 3, 300, 7
     by_hand = sum(step.step_ms(3, 0, 300 + 3 * s) for s in range(7, 7 + 12)) / 1000
     assert r._elapsed(12) == pytest.approx(by_hand)

@@ -13,8 +13,13 @@ ONE = [("t0", "interactive", 1.0)]
 
 
 def _cluster(**kw) -> ClusterSpec:
-    base = {"replicas": 1, "kv_blocks": 10_000, "max_num_seqs": 64, "max_num_batched_tokens": 4096,
-            "replica_room": 4}
+    base = {
+        "replicas": 1,
+        "kv_blocks": 10_000,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 4096,
+        "replica_room": 4,
+    }
     return ClusterSpec.model_validate(base | kw)
 
 
