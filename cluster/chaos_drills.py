@@ -90,10 +90,15 @@ async def settled(client: httpx.AsyncClient, target: Target, timeout_s: float = 
 async def _counted(client: httpx.AsyncClient, target: Target, run: Callable[[], Awaitable[list]]) -> tuple:
     """Run ``run`` between two readings of the server's counters; (records, server delta)."""
     before = await server_counters(client, target.routers)
-    records = await run()
+    records = list(await run())
     await settled(client, target)
-    after = await server_counters(client, target.routers)
-    return records, counter_delta(before, after)
+    # A router records an abort when Serve cancels its handler, a moment after the client left.
+    deadline = time.monotonic() + 10.0
+    while True:
+        delta = counter_delta(before, await server_counters(client, target.routers))
+        if delta["sent"] >= len(records) or time.monotonic() > deadline:
+            return records, delta
+        await asyncio.sleep(0.5)
 
 
 def _report(name: str, records: list[ClientRecord], server: dict, **figures) -> DrillReport:
@@ -188,7 +193,7 @@ async def disconnect_storm(
         if drop_tokens is not None:
             return await task
         try:  # a timer: the request may still wait in the queue or already stream when it fires
-            return await asyncio.wait_for(task, timeout=rng.uniform(0.5, 4.0))
+            return await asyncio.wait_for(task, timeout=rng.uniform(1.0, 5.0))
         except TimeoutError:
             rec.ending, rec.ended = "aborted", time.monotonic()
             return rec

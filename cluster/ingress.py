@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -23,7 +23,7 @@ from cluster.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.prompts import PromptEncoder
 from cluster.replica_monitor import ReplicaMonitor, running_replicas
 from cluster.request_flow import ActiveRequest
-from cluster.responses import ResponseMeta, full_body, guarded, sse_stream
+from cluster.responses import ClosingStreamingResponse, ResponseMeta, full_body, guarded, sse_stream
 from cluster.router_core import RouterCore
 from cluster.tenant_views import check_own, sla_report, usage
 from tenancy import Tenant, parse_bearer
@@ -180,7 +180,12 @@ class Ingress:
         headers = dict(active.lease.headers) if active.lease else {}
         if body.stream:
             stream = guarded(sse_stream(meta, active.outputs(), body.include_usage))
-            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+            return ClosingStreamingResponse(
+                stream,
+                lambda: active.close("aborted", "client_gone"),  # no-op after a normal end
+                media_type="text/event-stream",
+                headers=headers,
+            )
         return await self._collect(meta, active, headers)
 
     async def _collect(self, meta: ResponseMeta, active: ActiveRequest, headers: dict[str, str]) -> Response:

@@ -197,15 +197,17 @@ class ActiveRequest:
             self.stream.cancel()  # Serve cancels the replica generator → the engine aborts the request
         if self.slot is not None:
             self.slot.release()
-        if self.lease is not None:
-            # Shielded: a cancelled handler must still give the concurrency slot back.
-            await asyncio.shield(self._quotas.release(self.lease, t.output_tokens))
+        # Record before the one await below: a handler cancelled again while it awaits must not
+        # lose the record (the ending would then be counted nowhere).
         t.end = time.monotonic()
         t.outcome, t.reason = outcome, reason
         if t.first_token is None and outcome == "ok":
             t.first_token = t.end  # zero-token completion: first "token" is the end
         self._runner.recorder.add(t)
         self._runner.metrics.observe_end(t)
+        if self.lease is not None:
+            # Shielded: a cancelled handler must still give the concurrency slot back.
+            await asyncio.shield(self._quotas.release(self.lease, t.output_tokens))
 
 
 def _outcome(exc: BaseException) -> tuple[Outcome, str | None]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from starlette.responses import StreamingResponse
 
 from cluster.errors import classify, error_body
 from cluster.openai_schemas import usage
@@ -116,3 +118,18 @@ async def guarded(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield c
     except Exception as exc:
         yield sse(error_body(classify(exc)))
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream that always ends its request: a client gone before the first chunk was pulled
+    leaves the body generator unstarted (its ``finally`` never runs), so ``on_close`` runs here."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kw) -> None:
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()

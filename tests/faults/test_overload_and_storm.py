@@ -1,0 +1,70 @@
+"""Fault 4 (overload at 5× capacity) and fault 5 (disconnect storm), through the chaos drills.
+
+CI runs short phases; the full soak's command and figures are in BENCHMARKS.md (Reliability).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ray import serve
+
+from cluster.chaos_drills import disconnect_storm, overload
+from tests.faults.fault_helpers import (
+    FAULT_APP,
+    assert_accounted,
+    log_offsets,
+    log_text_since,
+    serve_logs,
+    target,
+    wait_for,
+)
+
+
+def _loads_by_replica() -> dict[str, dict]:
+    """Every replica's load (each handle call reaches one replica: call until both answered)."""
+    seen: dict[str, dict] = {}
+    handle = serve.get_deployment_handle("Replica", FAULT_APP)
+    for _ in range(40):
+        load = handle.load.remote().result(timeout_s=10)
+        seen[load["replica_id"]] = load
+        if len(seen) >= 2:
+            break
+    return seen
+
+
+def test_overload_at_5x_rejects_fast_bounds_queues_and_keeps_memory_flat(fault_url: str) -> None:
+    report = asyncio.run(overload(target(fault_url), factor=5.0, phase_s=6.0, max_tokens=8))
+    assert_accounted(report)
+    c, f = report.client, report.figures
+    assert c["rejected"] > 0 and c["completed"] > 0 and c["errored"] == 0, report.to_dict()
+    assert f["rejects_with_retry_after"] == c["rejected"]  # every 429 says when to come back
+    codes = {r.code for r in report.records if r.ending == "rejected"}
+    assert codes <= {"queue_full_tenant", "queue_full_total"}, codes
+    assert f["reject_p99_s"] < 2.0, f  # rejected fast, not after a wait
+    assert f["rss_phase2_mb"] - f["rss_phase1_mb"] < 30, f  # flat between two equal phases
+
+
+def test_disconnect_storm_returns_everything(fault_url: str) -> None:
+    paths = serve_logs(FAULT_APP)
+    offsets = log_offsets(paths)
+    assert wait_for(lambda: all(v["running"] == 0 for v in _loads_by_replica().values()))
+    baseline = {rid: v["kv_blocks_used"] for rid, v in _loads_by_replica().items()}
+    report = asyncio.run(disconnect_storm(target(fault_url), clients=100, max_tokens=160))
+    assert_accounted(report)
+    # About half drop after k tokens, half on a timer; the rest hit the small queue bounds (429).
+    assert report.client["aborted"] >= 25, report.to_dict()
+    refused = [r for r in report.records if r.ending == "rejected"]
+    assert all(r.code and r.code.startswith("queue_full") and r.retry_after for r in refused)
+    f = report.figures
+    assert f["in_flight_after"] == 0 and f["queued_after"] == 0 and f["leases_after"] == 0, f
+
+    def replicas_idle() -> bool:
+        loads = _loads_by_replica()
+        return all(v["running"] == 0 and v["waiting"] == 0 for v in loads.values()) and {
+            rid: v["kv_blocks_used"] for rid, v in loads.items()
+        } == baseline
+
+    assert wait_for(replicas_idle, timeout_s=30), (_loads_by_replica(), baseline)
+    logged = log_text_since(paths, offsets)
+    assert "unhandled error" not in logged and "Traceback" not in logged, logged[-2000:]
