@@ -206,6 +206,7 @@ class EngineCore:
             num_tokens=plan.num_tokens,
             num_prefill_tokens=prefill_tokens,
             num_sampled=len(plan.sampling_items),
+            context_tokens=sum(item.start + item.num_new for item in plan.items),
             postprocess_ms=post_ms,
             wait_ms=wait_ms,
             idle_ms=idle_ms,

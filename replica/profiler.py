@@ -18,6 +18,7 @@ class StepRecord:
     num_tokens: int  # tokens computed (prefill + decode)
     num_prefill_tokens: int
     num_sampled: int
+    context_tokens: int  # tokens of context the step's attention reads, summed over its sequences
     prepare_ms: float  # host: build the step's inputs
     h2d_ms: float
     compute_ms: float  # device: forward + sampling (CUDA events; host clock on CPU)
