@@ -9,6 +9,7 @@ from ray.serve.handle import DeploymentHandle
 from cluster.config import AppConfig
 from cluster.dispatcher import Dispatcher
 from cluster.metrics import ClusterMetrics
+from cluster.reconciling_store import ReconcilingStore
 from cluster.request_flow import RequestRunner, Timeouts
 from cluster.request_timing import TimingRecorder
 from tenancy import (
@@ -35,9 +36,10 @@ def make_store(config: AppConfig) -> QuotaStore:
     if config.redis_url is None:
         return MemoryQuotaStore()
     # from_url: short socket timeouts and no client retries, so no request waits long on a dead Redis.
-    return RedisQuotaStore.from_url(
+    redis = RedisQuotaStore.from_url(
         config.redis_url, prefix=config.redis_prefix, fallback_fraction=config.fallback_fraction
     )
+    return ReconcilingStore(redis)  # type: ignore[return-value]  # a QuotaStore by delegation
 
 
 @dataclass

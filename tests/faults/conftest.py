@@ -14,7 +14,7 @@ from ray import serve
 from ray.serve import context as serve_context
 
 from tests.cluster.helpers import start_app, write_tenancy
-from tests.faults.fault_helpers import FAULT_APP, FAULT_PREFIX, FUZZ_KEY, fuzz_tenant
+from tests.faults.fault_helpers import FAULT_APP, FAULT_PREFIX, FUZZ_KEY, fuzz_tenant, metered_tenant
 from tests.redis_server import free_port
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -46,7 +46,7 @@ def fault_tenancy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The cluster tests' tenants plus a fuzz tenant with tiny limits, and small queue bounds."""
     path = write_tenancy(tmp_path_factory.mktemp("fault-tenancy") / "tenants.yaml")
     data = yaml.safe_load(path.read_text())
-    data["tenants"].append(fuzz_tenant())
+    data["tenants"] += [fuzz_tenant(), metered_tenant()]
     data["fair_share"] = data.get("fair_share", {}) | {
         "max_queue_per_tenant": QUEUE_PER_TENANT,
         "max_queue_total": QUEUE_TOTAL,

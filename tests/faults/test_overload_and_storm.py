@@ -61,9 +61,10 @@ def test_disconnect_storm_returns_everything(fault_url: str) -> None:
 
     def replicas_idle() -> bool:
         loads = _loads_by_replica()
-        return all(v["running"] == 0 and v["waiting"] == 0 for v in loads.values()) and {
-            rid: v["kv_blocks_used"] for rid, v in loads.items()
-        } == baseline
+        return (
+            all(v["running"] == 0 and v["waiting"] == 0 for v in loads.values())
+            and {rid: v["kv_blocks_used"] for rid, v in loads.items()} == baseline
+        )
 
     assert wait_for(replicas_idle, timeout_s=30), (_loads_by_replica(), baseline)
     logged = log_text_since(paths, offsets)

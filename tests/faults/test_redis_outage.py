@@ -1,0 +1,57 @@
+"""Fault 3: the shared Redis stops under load with two routers, then comes back.
+
+A private redis-server is used (the shared one is never touched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from ray import serve
+
+from cluster.chaos_redis import redis_outage
+from tests.cluster.helpers import start_app
+from tests.faults.fault_helpers import METERED_KEY, METERED_RPM, assert_accounted, target
+from tests.redis_server import RedisProcess
+
+OUTAGE_APP, OUTAGE_PREFIX = "fl-outage", "/outage"
+
+
+@pytest.fixture
+def outage_app(fault_port: int, fault_config: dict) -> Iterator[tuple[str, RedisProcess]]:
+    redis = RedisProcess().start()
+    config = fault_config | {
+        "num_replicas": 1,
+        "num_routers": 2,
+        "redis_url": redis.url,
+        "redis_prefix": "outage",
+    }
+    start_app(OUTAGE_APP, OUTAGE_PREFIX, config)
+    try:
+        yield f"http://127.0.0.1:{fault_port}{OUTAGE_PREFIX}", redis
+    finally:
+        serve.delete(OUTAGE_APP)
+        redis.kill()
+
+
+def test_redis_outage_degrades_then_reconnects_within_quota(outage_app) -> None:
+    url, redis = outage_app
+
+    async def stop() -> None:
+        await asyncio.to_thread(redis.kill)
+
+    async def start() -> None:
+        await asyncio.to_thread(redis.start)
+
+    report = asyncio.run(
+        redis_outage(target(url, routers=2), stop, start, ("metered", METERED_KEY, METERED_RPM))
+    )
+    assert_accounted(report)
+    f = report.figures
+    assert f["degraded_after_s"] <= 20 and f["reconnect_s"] <= 20, f  # both routers said so, both came back
+    assert f["served_during_outage"] > 0, f  # admission went on with local limits
+    assert f["outage_latency_p99_s"] < 10, f  # no request hung on Redis
+    assert f["limited_admitted"] <= f["limited_bound"], f
+    assert report.client["errored"] == 0, report.to_dict()
