@@ -1,0 +1,55 @@
+"""Fault 6: graceful drain. What ``fairlane serve`` does on SIGTERM (``cluster.local_cluster``
+calls ``cluster.drain.drain``): new requests get 503 + Retry-After, in-flight streams finish."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+from cluster.drain import clear_drain, request_drain, wait_drained
+from tenancy import DEMO_KEYS
+from tests.faults.fault_helpers import FAULT_APP, MODEL, wait_for
+
+
+def _stream(url: str, out: list[str]) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count from one to fifty."}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {DEMO_KEYS['bob']}"}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
+        out.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+
+def test_drain_refuses_new_work_and_lets_streams_finish(fault_url: str) -> None:
+    outputs: list[list[str]] = [[], []]
+    threads = [threading.Thread(target=_stream, args=(fault_url, o)) for o in outputs]
+    for t in threads:
+        t.start()
+    try:
+        assert wait_for(lambda: all(o for o in outputs), timeout_s=60)  # both streams started
+        request_drain(FAULT_APP)
+        probe = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        headers = {"Authorization": f"Bearer {DEMO_KEYS['alice']}"}
+
+        def refused() -> bool:
+            r = httpx.post(f"{fault_url}/v1/chat/completions", json=probe, headers=headers, timeout=30)
+            return (
+                r.status_code == 503
+                and r.json()["error"]["code"] == "draining"
+                and "retry-after" in r.headers
+            )
+
+        assert wait_for(refused, timeout_s=10)
+        assert httpx.get(f"{fault_url}/health").json()["status"] == "draining"
+        assert wait_drained(FAULT_APP, routers=1, timeout_s=60)
+        for t in threads:
+            t.join(timeout=60)
+        assert all(o[-1] == "data: [DONE]" for o in outputs), [o[-2:] for o in outputs]
+    finally:
+        clear_drain(FAULT_APP)
+    assert wait_for(lambda: httpx.get(f"{fault_url}/health").json()["status"] == "ok", timeout_s=10)
