@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cluster.bench_cli import bench_app
+from cluster.chaos_cli import chaos_app
 from cluster.config import AppConfig, load_app_config
 from cluster.local_cluster import APP_NAME, free_port, local_cluster
 from tenancy import DEMO_KEYS
@@ -23,6 +24,7 @@ app = typer.Typer(help="fairlane: multi-tenant LLM serving on Ray Serve.", no_ar
 console = Console(width=160)  # tables stay readable when piped
 
 app.add_typer(bench_app, name="bench")
+app.add_typer(chaos_app, name="chaos")
 
 
 def _cpu_demo_config(port: int) -> AppConfig:
