@@ -49,6 +49,7 @@ async def redis_outage(
     per_tenant: int = 1,
     max_tokens: int = 4,
     status_timeout_s: float = 20.0,
+    push_workers: int = 6,
 ) -> DrillReport:
     """``limited`` = (tenant id, key, requests per minute) of the tenant that pushes past its quota."""
     tenant_id, key, rpm = limited
@@ -61,7 +62,7 @@ async def redis_outage(
             times["start"] = time.monotonic()
             load = asyncio.gather(
                 _steady(client, target, per_tenant, max_tokens, stop),
-                _steady(client, pushy, 2, max_tokens, stop),
+                _steady(client, pushy, push_workers, 1, stop),
             )
             await asyncio.sleep(before_s)
             times["down"] = time.monotonic()
@@ -98,6 +99,7 @@ def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: in
         served_during_outage=sum(r.ending == "completed" for r in during),
         outage_latency_p99_s=round(_pct([r.latency for r in during], 0.99), 3),
         limited_admitted=admitted,
+        limited_rejected=sum(r.tenant == tenant_id and r.ending == "rejected" for r in records),
         limited_bound=round(bound, 1),
         routers=routers,
     )

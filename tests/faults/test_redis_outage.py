@@ -53,5 +53,8 @@ def test_redis_outage_degrades_then_reconnects_within_quota(outage_app) -> None:
     assert f["degraded_after_s"] <= 20 and f["reconnect_s"] <= 20, f  # both routers said so, both came back
     assert f["served_during_outage"] > 0, f  # admission went on with local limits
     assert f["outage_latency_p99_s"] < 10, f  # no request hung on Redis
+    assert f["limited_rejected"] > 0, f  # the load did push the metered tenant past its quota
     assert f["limited_admitted"] <= f["limited_bound"], f
     assert report.client["errored"] == 0, report.to_dict()
+    refused = {r.code for r in report.records if r.ending == "rejected"}
+    assert refused <= {"rpm", "tpm"}, refused  # only the metered tenant's quota refused anything
