@@ -12,7 +12,9 @@ bench_app = typer.Typer(help="Benchmarks (JSON out, table printed last).", no_ar
 @bench_app.command("engine")
 def bench_engine(
     model: str = typer.Option("smollm2-135m", help="Preset name or local model directory."),
-    random_weights: bool = typer.Option(False, "--random-weights", help="Random weights of the preset's shape."),
+    random_weights: bool = typer.Option(
+        False, "--random-weights", help="Random weights of the preset's shape."
+    ),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
     concurrency: int = typer.Option(16, "--concurrency", "--batch", help="Requests in flight at once."),
     prompt_len: int = typer.Option(128, help="Prompt tokens per request."),
@@ -26,8 +28,9 @@ def bench_engine(
     from replica import bench
 
     argv = [
-        "--model", model, "--device", device, "--concurrency", str(concurrency), "--prompt-len", str(prompt_len),
-        "--max-tokens", str(max_tokens), "--max-batched-tokens", str(max_batched_tokens), "--modes", modes,
+        "--model", model, "--device", device, "--concurrency", str(concurrency),
+        "--prompt-len", str(prompt_len), "--max-tokens", str(max_tokens),
+        "--max-batched-tokens", str(max_batched_tokens), "--modes", modes,
         "--hf-requests", str(hf_requests),
     ]  # fmt: skip
     if random_weights:
