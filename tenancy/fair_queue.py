@@ -79,6 +79,7 @@ class FairQueue:
         self._tier_order = sorted(self._tiers)
         self._index: dict[str, _Entry] = {}
         self._seq = itertools.count()
+        self._local_service: dict[str, float] = {}  # counter growth charged here, not yet shared
 
     @classmethod
     def from_config(cls, config: TenancyConfig, clock: Callable[[], float] = time.monotonic) -> FairQueue:
@@ -144,7 +145,7 @@ class FairQueue:
         del self._index[head.request.request_id]
         tier = self._tiers[lane.policy.tier]
         tier.floor = max(tier.floor, lane.counter)
-        lane.counter += INPUT_TOKEN_COST * head.request.prompt_tokens / lane.policy.weight
+        self._grow(lane, INPUT_TOKEN_COST * head.request.prompt_tokens / lane.policy.weight)
         self._after_head_change(lane)
         return head.request
 
@@ -153,9 +154,23 @@ class FairQueue:
         if output_tokens < 0:
             raise ValueError("output_tokens must be >= 0")
         lane = self._lane(tenant_id)
-        lane.counter += OUTPUT_TOKEN_COST * output_tokens / lane.policy.weight
+        self._grow(lane, OUTPUT_TOKEN_COST * output_tokens / lane.policy.weight)
         if lane.queue:
             self._publish(lane)
+
+    def credit(self, tenant_id: str, counter_delta: float) -> None:
+        """Add counter growth that another router charged (already divided by the weight)."""
+        if counter_delta <= 0 or tenant_id not in self._policies:
+            return
+        lane = self._lane(tenant_id)
+        lane.counter += counter_delta
+        if lane.queue:
+            self._publish(lane)
+
+    def take_local_service(self) -> dict[str, float]:
+        """Counter growth charged by this queue since the last call, per tenant (to share it)."""
+        taken, self._local_service = self._local_service, {}
+        return taken
 
     def remove(self, request_id: str) -> QueuedRequest | None:
         """Drop a waiting request (client gone); None if it is not waiting (already popped or unknown)."""
@@ -215,6 +230,10 @@ class FairQueue:
         s = self._settings
         budget = max(0.0, request.deadline - request.arrival)
         return request.deadline - s.at_risk_margin_s - s.at_risk_margin_fraction * budget
+
+    def _grow(self, lane: _Lane, delta: float) -> None:
+        lane.counter += delta
+        self._local_service[lane.tenant_id] = self._local_service.get(lane.tenant_id, 0.0) + delta
 
     def _lift(self, lane: _Lane) -> None:
         tier = self._tiers[lane.policy.tier]
