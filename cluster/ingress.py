@@ -77,7 +77,7 @@ class Ingress:
             self.core.recorder,
             self.cfg.load_poll_interval_s,
             lambda: running_replicas(ctx.app_name, REPLICA_DEPLOYMENT),
-            hooks=(self.drain.poll, self._probe_store),
+            hooks=(self.drain.poll, self._probe_store, self.core.share_counters),
         )
         self.monitor.start()
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from ray.serve.handle import DeploymentHandle
+from redis.asyncio import Redis
 
 from cluster.config import AppConfig
 from cluster.dispatcher import Dispatcher
@@ -23,6 +26,7 @@ from tenancy import (
     default_tenancy_config,
     load_tenancy_config,
 )
+from tenancy.shared_counters import SharedCounters
 
 
 def read_tenancy(config: AppConfig) -> TenancyConfig:
@@ -32,12 +36,33 @@ def read_tenancy(config: AppConfig) -> TenancyConfig:
     return load_tenancy_config(config.tenancy_config)
 
 
+def redis_url_with_password(url: str) -> str:
+    """Add the password from FAIRLANE_REDIS_PASSWORD (the Helm chart's Secret) to a URL without one."""
+    password = os.environ.get("FAIRLANE_REDIS_PASSWORD")
+    scheme, sep, rest = url.partition("://")
+    if not password or not sep or "@" in rest:
+        return url
+    return f"{scheme}://:{quote(password, safe='')}@{rest}"
+
+
+def make_shared_counters(config: AppConfig) -> SharedCounters | None:
+    """With Redis, routers share fair-share counters, so a tenant served by one counts on all."""
+    if config.redis_url is None:
+        return None
+    client = Redis.from_url(
+        redis_url_with_password(config.redis_url), socket_timeout=0.1, socket_connect_timeout=0.1
+    )
+    return SharedCounters(client, prefix=config.redis_prefix)
+
+
 def make_store(config: AppConfig) -> QuotaStore:
     if config.redis_url is None:
         return MemoryQuotaStore()
     # from_url: short socket timeouts and no client retries, so no request waits long on a dead Redis.
     redis = RedisQuotaStore.from_url(
-        config.redis_url, prefix=config.redis_prefix, fallback_fraction=config.fallback_fraction
+        redis_url_with_password(config.redis_url),
+        prefix=config.redis_prefix,
+        fallback_fraction=config.fallback_fraction,
     )
     return ReconcilingStore(redis)  # type: ignore[return-value]  # a QuotaStore by delegation
 
@@ -57,6 +82,7 @@ class RouterCore:
     def __init__(self, config: AppConfig, replicas: DeploymentHandle) -> None:
         self.config = config
         self.store = make_store(config)
+        self.shared_counters = make_shared_counters(config)
         self.tenancy = self._tenancy_state(read_tenancy(config))
         self.metrics = ClusterMetrics()
         self.recorder = TimingRecorder(config.timing_history)
@@ -80,9 +106,16 @@ class RouterCore:
         """Re-read the tenancy config; in-flight requests finish under the limits they were admitted with."""
         state = self._tenancy_state(read_tenancy(self.config))
         self.dispatcher.replace_queue(FairQueue.from_config(state.config))
+        if self.shared_counters is not None:
+            self.shared_counters.reset()  # the new queue takes the cluster-wide counters at the next sync
         self.tenancy = state
         self.runner.quotas = state.quotas
         return state.config
+
+    async def share_counters(self) -> None:
+        """Exchange fair-share service with the other routers (a monitor-loop duty; no-op alone)."""
+        if self.shared_counters is not None:
+            await self.shared_counters.sync(self.dispatcher.queue)
 
     def refresh_queue_metrics(self) -> None:
         snap = self.dispatcher.queue.snapshot()
