@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -175,6 +176,28 @@ def simulate_cmd(
         tenants, replicas, requests, policies, load_factor, step_model, autoscale_max, records, seed
     )
     run_cli(scenario, spec, out, console)
+
+
+@app.command("hash-key")
+def hash_key_cmd(
+    config: Path | None = typer.Option(None, "--config", help="Tenancy YAML whose key_salt to use."),
+    salt_env: str = typer.Option("FAIRLANE_KEY_SALT", "--salt-env", help="Env var with the salt."),
+    key: str | None = typer.Option(None, "--key", help="The key; default: stdin (a hidden prompt on a tty)."),
+) -> None:
+    """Print the stored form of an API key ('hmac-sha256:<hex>') under a deployment's key_salt."""
+    from tenancy import TenancyConfigError, hash_api_key
+    from tenancy.loader import key_salt_from
+
+    try:
+        salt = key_salt_from(config, salt_env)
+    except TenancyConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if key is None:  # stdin keeps the key out of shell history and `ps`; the prompt goes to stderr
+        tty = sys.stdin.isatty()
+        key = typer.prompt("API key", hide_input=True, err=True) if tty else sys.stdin.readline().rstrip("\n")
+    if not key:
+        raise typer.BadParameter("empty API key")
+    typer.echo(hash_api_key(key, salt))
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from tenancy.config import FairShareSettings, Quotas, SLAClass, TenancyConfig, T
 from tenancy.errors import (
     AuthenticationError,
     InvalidQueueItem,
+    KeySaltError,
     QueueFull,
     QuotaExceeded,
     RequestLimitExceeded,
@@ -16,7 +17,13 @@ from tenancy.errors import (
 from tenancy.fair_queue import FairQueue
 from tenancy.keys import hash_api_key
 from tenancy.lease import Lease
-from tenancy.loader import DEMO_ADMIN_KEY, DEMO_KEYS, default_tenancy_config, load_tenancy_config
+from tenancy.loader import (
+    DEMO_ADMIN_KEY,
+    DEMO_KEY_SALT,
+    DEMO_KEYS,
+    default_tenancy_config,
+    load_tenancy_config,
+)
 from tenancy.memory_store import MemoryQuotaStore
 from tenancy.queue_snapshot import FairQueueSnapshot, TenantQueueStats
 from tenancy.queued_request import QueuedRequest, TenantPolicy, policies_from_config
@@ -27,6 +34,7 @@ from tenancy.store import AcquireResult, LimitSpec, QuotaStore, SyncQuotaStore
 __all__ = [
     "DEMO_ADMIN_KEY",
     "DEMO_KEYS",
+    "DEMO_KEY_SALT",
     "AcquireResult",
     "AuthenticationError",
     "Authenticator",
@@ -34,6 +42,7 @@ __all__ = [
     "FairQueueSnapshot",
     "FairShareSettings",
     "InvalidQueueItem",
+    "KeySaltError",
     "Lease",
     "LimitSpec",
     "MemoryQuotaStore",

@@ -1,4 +1,4 @@
-"""API-key authentication: key -> tenant, against stored sha256 hashes."""
+"""API-key authentication: key -> tenant, against stored HMAC-SHA256 hashes (keyed by the config's salt)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import hmac
 
 from tenancy.config import TenancyConfig, Tenant
 from tenancy.errors import AuthenticationError
-from tenancy.keys import hash_api_key
+from tenancy.keys import HASH_PREFIX, hash_api_key
 
 _BEARER = "bearer "
-_DECOY = "sha256:" + "0" * 64  # compared against when no stored hash matches, to keep timing flat
+_DECOY = HASH_PREFIX + "0" * 64  # compared against when no stored hash matches, to keep timing flat
 
 
 def parse_bearer(authorization: str | None) -> str | None:
@@ -23,12 +23,14 @@ def parse_bearer(authorization: str | None) -> str | None:
 class Authenticator:
     """Maps API keys to tenants.
 
-    The presented key is hashed first; the hash indexes a table of stored hashes and the candidate
-    is confirmed with ``hmac.compare_digest``. Timing can at most reveal something about the
-    *hash* of the presented key, never about a stored key, and the plaintext is never kept.
+    The presented key is HMAC'd under the deployment's salt first; the digest indexes a table of
+    stored digests (O(1)) and the candidate is confirmed with ``hmac.compare_digest``. Timing can at
+    most reveal something about the *HMAC* of the presented key, never about a stored key, and the
+    plaintext is never kept.
     """
 
     def __init__(self, config: TenancyConfig) -> None:
+        self._salt = config.key_salt.get_secret_value()
         self._by_hash: dict[str, Tenant] = {h: t for t in config.tenants for h in t.api_key_hashes}
         self._admin_hash = config.admin_key_hash
 
@@ -36,7 +38,7 @@ class Authenticator:
         """The tenant owning ``key``; ``AuthenticationError`` for a missing or unknown key."""
         if not key:
             raise AuthenticationError("missing")
-        digest = hash_api_key(key)
+        digest = hash_api_key(key, self._salt)
         tenant = self._by_hash.get(digest)
         stored = tenant.api_key_hashes[tenant.api_key_hashes.index(digest)] if tenant else _DECOY
         if not hmac.compare_digest(digest.encode("ascii"), stored.encode("ascii")) or tenant is None:
@@ -47,4 +49,5 @@ class Authenticator:
         """Whether ``key`` is the admin key (constant-time comparison of hashes)."""
         if not key:
             return False
-        return hmac.compare_digest(hash_api_key(key).encode("ascii"), self._admin_hash.encode("ascii"))
+        digest = hash_api_key(key, self._salt)
+        return hmac.compare_digest(digest.encode("ascii"), self._admin_hash.encode("ascii"))

@@ -30,6 +30,8 @@ from tenancy.fair_queue import FairQueue
 from tenancy.keys import hash_api_key
 from tenancy.redis_store import RedisQuotaStore
 
+BENCH_KEY_SALT = "bench-salt-not-a-secret"  # the bench keys are placeholders; any salt of 16+ chars
+
 
 def bench_config(tenants: int) -> TenancyConfig:
     """``tenants`` tenants over the three classes, with quotas high enough never to refuse."""
@@ -39,10 +41,12 @@ def bench_config(tenants: int) -> TenancyConfig:
     return TenancyConfig.model_validate({
         "sla_classes": [{"name": n, "priority_tier": t, "ttft_target_s": ttft, "tpot_target_s": 0.1,
                          "e2e_target_s": 60.0, "may_preempt_lower_tiers": p} for n, t, ttft, p in classes],
-        "tenants": [{"id": f"t{i}", "display_name": f"T{i}", "api_key_hashes": [hash_api_key(f"k{i}")],
+        "tenants": [{"id": f"t{i}", "display_name": f"T{i}",
+                     "api_key_hashes": [hash_api_key(f"k{i}", BENCH_KEY_SALT)],
                      "weight": 1 + i % 4, "sla_class": classes[i % 3][0], "quotas": quotas}
                     for i in range(tenants)],
-        "admin_key_hash": hash_api_key("admin"),
+        "key_salt": BENCH_KEY_SALT,
+        "admin_key_hash": hash_api_key("admin", BENCH_KEY_SALT),
     })
 
 

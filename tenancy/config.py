@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from tenancy.errors import UnknownTenantError
+from tenancy.keys import KEY_HASH_PATTERN, LEGACY_PREFIX, MIN_SALT_LENGTH, check_salt, is_key_hash
 
-KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-_KEY_HASH_RE = re.compile(KEY_HASH_PATTERN)
+_REHASH = "re-hash each key with `fairlane hash-key --config <tenancy.yaml>` (prints 'hmac-sha256:<hex>')"
 
-KeyHash = Annotated[str, Field(pattern=KEY_HASH_PATTERN, description="sha256 of an API key, 'sha256:<hex>'.")]
+
+def _check_key_hash(value: str) -> str:
+    # Checked here rather than with a plain pattern so an old unsalted hash gets a message that says
+    # what changed and how to migrate, not just "should match pattern".
+    if value.startswith(LEGACY_PREFIX):
+        raise ValueError(f"plain 'sha256:' key hashes are no longer accepted (unsalted); {_REHASH}")
+    if not is_key_hash(value):
+        raise ValueError(f"expected 'hmac-sha256:<64 hex digits>' (never a plaintext key); {_REHASH}")
+    return value
+
+
+KeyHash = Annotated[
+    str,
+    AfterValidator(_check_key_hash),
+    Field(
+        description="HMAC-SHA256 of an API key under key_salt, 'hmac-sha256:<hex>'.",
+        json_schema_extra={"pattern": KEY_HASH_PATTERN},
+    ),
+]
 
 
 class _Frozen(BaseModel):
@@ -49,7 +66,7 @@ class Tenant(_Frozen):
     id: str = Field(pattern=TENANT_ID_PATTERN, description="Stable tenant id (letters, digits, _ . -).")
     display_name: str = Field(min_length=1, max_length=200, description="Human-readable name.")
     api_key_hashes: tuple[KeyHash, ...] = Field(
-        min_length=1, description="Hashes of the tenant's API keys ('sha256:<hex>'); never plaintext keys."
+        min_length=1, description="HMACs of the tenant's API keys ('hmac-sha256:<hex>'), never plaintext."
     )
     weight: float = Field(gt=0, le=1e6, description="Fair-share weight: relative share of service when busy.")
     sla_class: str = Field(min_length=1, description="Name of the tenant's SLA class.")
@@ -90,11 +107,21 @@ class TenancyConfig(_Frozen):
 
     sla_classes: tuple[SLAClass, ...] = Field(min_length=1, description="Available SLA classes.")
     tenants: tuple[Tenant, ...] = Field(description="Configured tenants.")
-    admin_key_hash: KeyHash = Field(description="Hash of the admin API key ('sha256:<hex>').")
+    key_salt: SecretStr = Field(
+        description=f"Per-deployment secret (at least {MIN_SALT_LENGTH} characters) keying the HMAC of every "
+        "API key; kept with the hashes, masked in repr and JSON dumps.",
+    )
+    admin_key_hash: KeyHash = Field(description="HMAC of the admin API key ('hmac-sha256:<hex>').")
     gpu_dollars_per_hour: float = Field(default=5.0, ge=0, description="GPU price for cost reports (USD/h).")
     fair_share: FairShareSettings = Field(
         default_factory=FairShareSettings, description="Queue bounds and SLA margin."
     )
+
+    @field_validator("key_salt")
+    @classmethod
+    def _salt_long_enough(cls, value: SecretStr) -> SecretStr:
+        check_salt(value.get_secret_value())  # KeySaltError is a ValueError: reported under key_salt
+        return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TenancyConfig:
@@ -130,6 +157,6 @@ def _unique(values: list[str], where: str, what: str) -> None:
     seen: set[str] = set()
     for i, value in enumerate(values):
         if value in seen:
-            shown = "<hash>" if _KEY_HASH_RE.match(value) else repr(value)
+            shown = "<hash>" if is_key_hash(value) else repr(value)
             raise ValueError(f"{where}.{i}.{what}: duplicate value {shown}")
         seen.add(value)

@@ -22,6 +22,10 @@ class TenancyConfigError(TenancyError, ValueError):
         self.problems = problems
 
 
+class KeySaltError(TenancyError, ValueError):
+    """The key salt is missing or too short to key the API-key HMAC (its value is never in the message)."""
+
+
 class AuthenticationError(TenancyError):
     """Missing or unknown API key (HTTP 401). The key itself is never part of the message."""
 

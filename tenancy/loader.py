@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ import yaml
 from pydantic import ValidationError
 
 from tenancy.config import TenancyConfig
-from tenancy.errors import TenancyConfigError
+from tenancy.errors import KeySaltError, TenancyConfigError
+from tenancy.keys import check_salt
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("default_tenants.yaml")
 
@@ -21,6 +23,8 @@ DEMO_KEYS: Mapping[str, str] = {
     "carol": "sk-fairlane-carol",
 }
 DEMO_ADMIN_KEY = "sk-fairlane-admin"
+#: The PUBLIC salt of the embedded demo config (``key_salt`` in default_tenants.yaml): demo only.
+DEMO_KEY_SALT = "fairlane-demo-salt-PUBLIC-not-for-production"
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -48,18 +52,51 @@ def parse_tenancy_config(data: object, source: str = "<data>") -> TenancyConfig:
         raise TenancyConfigError(f"{source}: invalid tenancy config", _problems(exc)) from None
 
 
-def load_tenancy_config(path: str | Path) -> TenancyConfig:
-    """Read and validate a YAML tenancy config; every problem raises ``TenancyConfigError``."""
-    path = Path(path)
+def _read_yaml(path: Path) -> object:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TenancyConfigError(f"{path}: cannot read tenancy config ({exc.strerror})") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise TenancyConfigError(f"{path}: invalid YAML: {exc}") from None
-    return parse_tenancy_config(data, str(path))
+
+
+def load_tenancy_config(path: str | Path) -> TenancyConfig:
+    """Read and validate a YAML tenancy config; every problem raises ``TenancyConfigError``."""
+    path = Path(path)
+    return parse_tenancy_config(_read_yaml(path), str(path))
+
+
+def read_key_salt(path: str | Path) -> str:
+    """Only the ``key_salt`` of a tenancy YAML, without validating the rest.
+
+    ``fairlane hash-key`` reads it while a config is being migrated, when its hashes are still the
+    old form and the whole file would not validate.
+    """
+    path = Path(path)
+    data = _read_yaml(path)
+    salt = data.get("key_salt") if isinstance(data, Mapping) else None
+    if not isinstance(salt, str):
+        raise TenancyConfigError(f"{path}: no key_salt (a string of at least 16 characters) in the file")
+    try:
+        return check_salt(salt)
+    except KeySaltError as exc:
+        raise TenancyConfigError(f"{path}: {exc}") from None
+
+
+def key_salt_from(config: str | Path | None, env_var: str) -> str:
+    """The salt of ``config`` (a tenancy YAML) when given, else of the environment variable ``env_var``."""
+    if config is not None:
+        return read_key_salt(config)
+    value = os.environ.get(env_var)
+    if not value:
+        raise TenancyConfigError(f"no key salt: give a tenancy config with key_salt, or set {env_var}")
+    try:
+        return check_salt(value)
+    except KeySaltError as exc:
+        raise TenancyConfigError(f"{env_var}: {exc}") from None
 
 
 def default_tenancy_config() -> TenancyConfig:

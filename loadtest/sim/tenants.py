@@ -15,6 +15,7 @@ from loadtest.sim.workload import SimTenant
 from tenancy import Quotas, TenancyConfig, Tenant, hash_api_key
 
 MAX_CONTEXT = 1 << 20
+SIM_KEY_SALT = "sim-salt-placeholder-keys"  # simulated tenants never authenticate: any valid salt does
 
 
 def tenancy_config(
@@ -28,7 +29,8 @@ def tenancy_config(
     return TenancyConfig(
         sla_classes=scenario.classes,
         tenants=tuple(_tenant(t, capacity_rps * t.weight / total_weight, scale, cluster) for t in tenants),
-        admin_key_hash=hash_api_key("sim-admin"),
+        key_salt=SIM_KEY_SALT,
+        admin_key_hash=hash_api_key("sim-admin", SIM_KEY_SALT),
         gpu_dollars_per_hour=cluster.gpu_dollars_per_hour,
     )
 
@@ -45,7 +47,7 @@ def _tenant(t: SimTenant, share_rps: float, scale: ScaleSpec, cluster: ClusterSp
     return Tenant(
         id=t.id,
         display_name=t.id,
-        api_key_hashes=(hash_api_key(f"sim-key-{t.id}"),),
+        api_key_hashes=(hash_api_key(f"sim-key-{t.id}", SIM_KEY_SALT),),
         weight=t.weight,
         sla_class=t.sla_class,
         quotas=quotas,

@@ -10,7 +10,7 @@ import yaml
 from ray import serve
 
 from cluster.app import build_app
-from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS, default_tenancy_config, hash_api_key
+from tenancy import DEMO_ADMIN_KEY, DEMO_KEY_SALT, DEMO_KEYS, default_tenancy_config, hash_api_key
 
 MODEL = "smollm2-135m"
 LIMITED_KEY = "sk-test-limited"  # 2 requests per minute
@@ -30,7 +30,7 @@ def _tenant(tid: str, key: str, sla: str, **quotas: int) -> dict:
     return {
         "id": tid,
         "display_name": tid,
-        "api_key_hashes": [hash_api_key(key)],
+        "api_key_hashes": [hash_api_key(key, DEMO_KEY_SALT)],
         "weight": 1.0,
         "sla_class": sla,
         "quotas": base | quotas,
@@ -40,6 +40,7 @@ def _tenant(tid: str, key: str, sla: str, **quotas: int) -> dict:
 def write_tenancy(path: Path) -> Path:
     """The demo tenants with generous quotas, plus a rate-limited and a concurrency-capped tenant."""
     data = default_tenancy_config().model_dump(mode="json")
+    data["key_salt"] = DEMO_KEY_SALT  # a JSON dump masks the secret salt
     for tenant in data["tenants"]:
         tenant["quotas"] |= {
             "requests_per_minute": 6000,

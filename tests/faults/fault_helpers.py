@@ -10,7 +10,7 @@ import time
 import ray
 
 from cluster.chaos_drills import DrillReport, Target
-from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS, hash_api_key
+from tenancy import DEMO_ADMIN_KEY, DEMO_KEY_SALT, DEMO_KEYS, hash_api_key
 
 FAULT_APP, FAULT_PREFIX = "fl-faults", "/faults"
 FUZZ_KEY = "sk-test-fuzz-5f1c"
@@ -21,7 +21,7 @@ MODEL = "smollm2-135m"
 def metered_tenant() -> dict:
     """A tenant with a requests-per-minute quota the outage test's load exceeds several times."""
     tenant = fuzz_tenant() | {"id": "metered", "display_name": "metered"}
-    tenant["api_key_hashes"] = [hash_api_key(METERED_KEY)]
+    tenant["api_key_hashes"] = [hash_api_key(METERED_KEY, DEMO_KEY_SALT)]
     tenant["quotas"] = tenant["quotas"] | {"requests_per_minute": METERED_RPM, "max_tokens_per_request": 16}
     return tenant
 
@@ -31,7 +31,7 @@ def fuzz_tenant() -> dict:
     return {
         "id": "fuzz",
         "display_name": "fuzz",
-        "api_key_hashes": [hash_api_key(FUZZ_KEY)],
+        "api_key_hashes": [hash_api_key(FUZZ_KEY, DEMO_KEY_SALT)],
         "weight": 1.0,
         "sla_class": "standard",
         "quotas": {

@@ -10,7 +10,7 @@ import pytest
 from tests.helm.chart import NAMESPACE, Rendered, chart_defaults, ci_values, merged, render
 
 DEMO_KEYS = chart_defaults()["tenancy"]["keys"]["api_key_hashes"]
-HASH = "sha256:" + "2" * 64
+HASH = "hmac-sha256:" + "2" * 64
 
 
 def _container(template: dict, name: str) -> dict:
@@ -185,7 +185,7 @@ def test_pod_annotations_change_when_tenants_change(default: Rendered) -> None:
     """A new tenant or key rolls the Ray pods (KubeRay upgrades the cluster), so the app reloads tenants."""
     before = default.cluster["headGroupSpec"]["template"]["metadata"]["annotations"]
     keys = chart_defaults()["tenancy"]["keys"]["api_key_hashes"]
-    keys[1] = {"tenant": "bob", "hashes": ["sha256:" + "1" * 64]}
+    keys[1] = {"tenant": "bob", "hashes": ["hmac-sha256:" + "1" * 64]}
     after = render({"tenancy": {"keys": {"api_key_hashes": keys}}})
     annotations = after.cluster["headGroupSpec"]["template"]["metadata"]["annotations"]
     assert annotations["checksum/tenant-keys"] != before["checksum/tenant-keys"]
@@ -210,6 +210,7 @@ def test_pod_annotations_change_when_tenants_change(default: Rendered) -> None:
         ({"tenancy": {"keys": {"api_key_hashes": [*DEMO_KEYS, {"tenant": "bob", "hashes": [HASH]}]}}},
          "tenant bob is listed twice"),
         ({"tenancy": {"keys": {"admin_key_hash": ""}}}, "tenancy.keys.admin_key_hash"),
+        ({"tenancy": {"keys": {"key_salt": ""}}}, "tenancy.keys.key_salt"),
         ({"tenancy": {"tenants": [{"id": "t", "display_name": "T", "weight": 1, "sla_class": "gold",
                                    "quotas": {"requests_per_minute": 1, "tokens_per_minute": 1,
                                               "max_concurrent_requests": 1, "max_tokens_per_request": 1,

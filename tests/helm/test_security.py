@@ -53,7 +53,7 @@ def test_service_account_tokens_are_not_mounted(rendered: Rendered) -> None:
 
 
 def _secret_values(rendered: Rendered) -> set[str]:
-    """Every secret string: Secret data, and each key hash and password inside it."""
+    """Every secret string: Secret data, and the key salt, each key hash and password inside it."""
     values = set()
     for secret in rendered.all("Secret"):
         for encoded in (secret.get("data") or {}).values():
@@ -62,6 +62,7 @@ def _secret_values(rendered: Rendered) -> set[str]:
             loaded = yaml.safe_load(value)
             if isinstance(loaded, dict):
                 values.add(loaded["admin_key_hash"])
+                values.add(loaded["key_salt"])
                 values.update(h for hashes in loaded["api_key_hashes"].values() for h in hashes)
     return values
 

@@ -1,4 +1,4 @@
-"""Tenants: a ConfigMap (no keys) and a Secret (key hashes), merged by an init container for the app."""
+"""Tenants: a ConfigMap (no keys) and a Secret (key salt and hashes), merged by an init container."""
 
 from __future__ import annotations
 
@@ -13,8 +13,21 @@ import yaml
 
 from tenancy.errors import TenancyConfigError
 from tenancy.keys import hash_api_key
-from tenancy.loader import DEFAULT_CONFIG_PATH, DEMO_ADMIN_KEY, load_tenancy_config, parse_tenancy_config
+from tenancy.loader import (
+    DEFAULT_CONFIG_PATH,
+    DEMO_ADMIN_KEY,
+    DEMO_KEY_SALT,
+    load_tenancy_config,
+    parse_tenancy_config,
+)
 from tests.helm.chart import CHART_DIR, Rendered, render
+
+CI_SALT = "ci-only-salt-0123456789abcdef"  # helm/fairlane/ci/all-options-values.yaml
+H = "hmac-sha256:"
+
+
+def _demo(key: str) -> str:
+    return hash_api_key(key, DEMO_KEY_SALT)
 
 
 def _merge_module() -> ModuleType:
@@ -37,16 +50,17 @@ def test_default_chart_serves_exactly_the_demo_tenancy(default: Rendered) -> Non
     config, keys = _sources(default)
     merged = parse_tenancy_config(_merge_module().merge(config, keys))
     assert merged == load_tenancy_config(DEFAULT_CONFIG_PATH)
-    assert merged.admin_key_hash == hash_api_key(DEMO_ADMIN_KEY)
+    assert merged.admin_key_hash == _demo(DEMO_ADMIN_KEY)
+    assert merged.key_salt.get_secret_value() == DEMO_KEY_SALT
 
 
 def test_ci_tenants_merge_into_a_valid_config(all_options: Rendered) -> None:
     config, keys = _sources(all_options)
     merged = parse_tenancy_config(_merge_module().merge(config, keys))
     assert [t.id for t in merged.tenants] == ["acme", "globex"]
-    acme_keys = (hash_api_key("sk-ci-acme-1"), hash_api_key("sk-ci-acme-2"))
+    acme_keys = (hash_api_key("sk-ci-acme-1", CI_SALT), hash_api_key("sk-ci-acme-2", CI_SALT))
     assert merged.tenant("acme").api_key_hashes == acme_keys
-    assert merged.admin_key_hash == hash_api_key("sk-ci-admin")
+    assert merged.admin_key_hash == hash_api_key("sk-ci-admin", CI_SALT)
     assert merged.sla_class_of("globex").name == "bulk"
     assert merged.gpu_dollars_per_hour == 3.5
 
@@ -54,24 +68,31 @@ def test_ci_tenants_merge_into_a_valid_config(all_options: Rendered) -> None:
 def test_configmap_holds_no_key_material(rendered: Rendered) -> None:
     config_map = rendered.one("ConfigMap", rendered.rayservice["metadata"]["name"] + "-tenancy")
     config = yaml.safe_load(config_map["data"]["tenancy.yaml"])
-    assert "admin_key_hash" not in config
+    assert "admin_key_hash" not in config and "key_salt" not in config
     assert all("api_key_hashes" not in t for t in config["tenants"])
     for config_map in rendered.all("ConfigMap"):
         assert all("sha256:" not in text for text in config_map["data"].values())
+        assert all(DEMO_KEY_SALT not in text and CI_SALT not in text for text in config_map["data"].values())
+
+
+def test_salt_lives_in_the_keys_secret(default: Rendered, all_options: Rendered) -> None:
+    assert _sources(default)[1]["key_salt"] == DEMO_KEY_SALT
+    assert _sources(all_options)[1]["key_salt"] == CI_SALT
 
 
 def test_overriding_keys_replaces_the_demo_keys_entirely() -> None:
     """Helm merges maps but replaces lists: the demo keys must not survive next to a user's keys."""
-    mine = [{"tenant": "alice", "hashes": [hash_api_key("sk-mine")]},
-            {"tenant": "bob", "hashes": [hash_api_key("sk-bob")]},
-            {"tenant": "carol", "hashes": [hash_api_key("sk-carol")]}]
-    keys = {"api_key_hashes": mine, "admin_key_hash": hash_api_key("sk-adm")}
+    salt = "my-own-secret-salt-0042"
+    mine = [{"tenant": "alice", "hashes": [hash_api_key("sk-mine", salt)]},
+            {"tenant": "bob", "hashes": [hash_api_key("sk-bob", salt)]},
+            {"tenant": "carol", "hashes": [hash_api_key("sk-carol", salt)]}]
+    keys = {"key_salt": salt, "api_key_hashes": mine, "admin_key_hash": hash_api_key("sk-adm", salt)}
     rendered = render({"tenancy": {"keys": keys}})
     config, keys = _sources(rendered)
     merged = parse_tenancy_config(_merge_module().merge(config, keys))
-    assert merged.tenant("alice").api_key_hashes == (hash_api_key("sk-mine"),)
+    assert merged.tenant("alice").api_key_hashes == (hash_api_key("sk-mine", salt),)
     secret = rendered.secret_data("fl-fairlane-tenant-keys")["keys.yaml"]
-    assert hash_api_key("sk-fairlane-alice") not in secret
+    assert _demo("sk-fairlane-alice") not in secret and DEMO_KEY_SALT not in secret
 
 
 def test_init_container_script_end_to_end(all_options: Rendered, tmp_path: Path) -> None:
@@ -92,15 +113,20 @@ def test_init_container_script_end_to_end(all_options: Rendered, tmp_path: Path)
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        ({"admin_key_hash": "sha256:" + "a" * 64, "api_key_hashes": {}},
+        ({"key_salt": CI_SALT, "admin_key_hash": H + "a" * 64, "api_key_hashes": {}},
          "tenant 'acme' has no api_key_hashes"),
-        ({"admin_key_hash": "sha256:" + "a" * 64,
-          "api_key_hashes": {"acme": ["sha256:" + "b" * 64], "globex": ["sha256:" + "c" * 64],
-                             "ghost": ["sha256:" + "d" * 64]}}, "unknown tenants: ghost"),
-        ({"api_key_hashes": {"acme": ["sha256:" + "b" * 64], "globex": ["sha256:" + "c" * 64]}},
+        ({"key_salt": CI_SALT, "admin_key_hash": H + "a" * 64,
+          "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64],
+                             "ghost": [H + "d" * 64]}}, "unknown tenants: ghost"),
+        ({"key_salt": CI_SALT, "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]}},
          "no admin_key_hash"),
-        ({"admin_key_hash": "sha256:" + "a" * 64,
-          "api_key_hashes": {"acme": ["sha256:" + "b" * 64], "globex": ["sha256:" + "b" * 64]}}, "duplicate"),
+        ({"admin_key_hash": H + "a" * 64,
+          "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]}}, "no key_salt"),
+        ({"key_salt": CI_SALT, "admin_key_hash": H + "a" * 64,
+          "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "b" * 64]}}, "duplicate"),
+        ({"key_salt": CI_SALT, "admin_key_hash": "sha256:" + "a" * 64,
+          "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]}},
+         "admin_key_hash: plain 'sha256:' key hashes are no longer accepted"),
     ],
 )
 def test_init_container_stops_the_pod_on_bad_keys(all_options: Rendered, tmp_path: Path, keys: dict,
@@ -141,23 +167,31 @@ def test_key_volumes_are_private_and_in_memory(rendered: Rendered) -> None:
 
 def test_keys_go_in_the_secret_not_in_tenants() -> None:
     tenant = {"id": "t", "display_name": "T", "weight": 1, "sla_class": "batch",
-              "api_key_hashes": ["sha256:" + "1" * 64],
+              "api_key_hashes": [H + "1" * 64],
               "quotas": {"requests_per_minute": 1, "tokens_per_minute": 1, "max_concurrent_requests": 1,
                          "max_tokens_per_request": 1, "max_context_length": 1}}
     with pytest.raises(helm_python.HelmValuesError, match="api_key_hashes"):
         render({"tenancy": {"tenants": [tenant]}})
 
 
-@pytest.mark.parametrize("bad", ["sk-plaintext-key", "sha256:ABC", "e220f12d412d7405f64222edc0807697"])
-def test_only_sha256_hashes_are_accepted_as_keys(bad: str) -> None:
+@pytest.mark.parametrize(
+    "bad", ["sk-plaintext-key", "sha256:ABC", "e220f12d412d7405f64222edc0807697", "sha256:" + "e" * 64]
+)
+def test_only_hmac_hashes_are_accepted_as_keys(bad: str) -> None:
     with pytest.raises(helm_python.HelmValuesError):
         render({"tenancy": {"keys": {"api_key_hashes": [{"tenant": "alice", "hashes": [bad]}]}}})
     with pytest.raises(helm_python.HelmValuesError):
         render({"tenancy": {"keys": {"admin_key_hash": bad}}})
 
 
+def test_short_salt_is_refused_by_the_schema() -> None:
+    """An empty salt is refused by the template (test_rayservice); a short one by the schema."""
+    with pytest.raises(helm_python.HelmValuesError, match="key_salt"):
+        render({"tenancy": {"keys": {"key_salt": "too-short"}}})
+
+
 def test_notes_warn_about_the_public_demo_keys(default: Rendered, all_options: Rendered,
                                                external: Rendered) -> None:
-    assert "PUBLIC demo key" in default.notes
-    assert "PUBLIC demo key" not in all_options.notes
-    assert "PUBLIC demo key" not in external.notes
+    assert "PUBLIC demo key" in default.notes and "PUBLIC demo salt" in default.notes
+    assert "PUBLIC demo key" not in all_options.notes and "PUBLIC demo salt" not in all_options.notes
+    assert "PUBLIC demo key" not in external.notes and "PUBLIC demo salt" not in external.notes

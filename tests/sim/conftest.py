@@ -9,6 +9,8 @@ from loadtest.sim.step_model import StepModel
 from loadtest.sim.workload import SimTenant, Trace
 from tenancy import Quotas, SLAClass, TenancyConfig, Tenant, hash_api_key
 
+SALT = "sim-test-salt-0123456789"
+
 CLASSES = (
     SLAClass(
         name="interactive",
@@ -45,14 +47,15 @@ def make_config(tenants: list[tuple[str, str, float]], rpm: int = 100_000) -> Te
             Tenant(
                 id=t,
                 display_name=t,
-                api_key_hashes=(hash_api_key(f"k-{t}"),),
+                api_key_hashes=(hash_api_key(f"k-{t}", SALT),),
                 weight=w,
                 sla_class=c,
                 quotas=quotas,
             )
             for t, c, w in tenants
         ),
-        admin_key_hash=hash_api_key("admin"),
+        key_salt=SALT,
+        admin_key_hash=hash_api_key("admin", SALT),
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from tenancy import TenancyConfig, hash_api_key
 
 ADMIN_KEY = "sk-test-admin"
+SALT = "test-salt-0123456789abcdef"
 
 
 class FakeClock:
@@ -37,7 +38,7 @@ def tenant(tid: str, sla: str = "standard", weight: float = 1.0, **quota_overrid
     return {
         "id": tid,
         "display_name": tid.title(),
-        "api_key_hashes": [hash_api_key(f"sk-test-{tid}")],
+        "api_key_hashes": [hash_api_key(f"sk-test-{tid}", SALT)],
         "weight": weight,
         "sla_class": sla,
         "quotas": quotas(**quota_overrides),
@@ -59,7 +60,8 @@ def config_data(*tenants: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {
         "sla_classes": sla_classes(),
         "tenants": list(tenants),
-        "admin_key_hash": hash_api_key(ADMIN_KEY),
+        "key_salt": SALT,
+        "admin_key_hash": hash_api_key(ADMIN_KEY, SALT),
         **extra,
     }
 

@@ -7,6 +7,7 @@ import yaml
 
 from tenancy import (
     DEMO_ADMIN_KEY,
+    DEMO_KEY_SALT,
     DEMO_KEYS,
     Authenticator,
     TenancyConfigError,
@@ -39,7 +40,7 @@ def test_default_yaml_holds_no_plaintext_key() -> None:
     text = Path("tenancy/default_tenants.yaml").read_text(encoding="utf-8")
     for key in [*DEMO_KEYS.values(), DEMO_ADMIN_KEY]:
         assert key not in text
-        assert hash_api_key(key) in text
+        assert hash_api_key(key, DEMO_KEY_SALT) in text
 
 
 def test_load_round_trip(tmp_path: Path) -> None:
@@ -63,6 +64,8 @@ def test_load_round_trip(tmp_path: Path) -> None:
         (lambda d: d.update(admin_key_hash=d["tenants"][0]["api_key_hashes"][0]), "admin_key_hash"),
         (lambda d: d["tenants"][0]["quotas"].update(max_tokens_per_request=5000), "max_tokens_per_request"),
         (lambda d: d.pop("admin_key_hash"), "admin_key_hash"),
+        (lambda d: d.pop("key_salt"), "key_salt"),
+        (lambda d: d.update(key_salt="short"), "key_salt: key_salt must be at least 16 characters"),
         (lambda d: d.update(extra_field=1), "extra_field"),
     ],
 )

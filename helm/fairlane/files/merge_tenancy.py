@@ -1,7 +1,8 @@
 """Init container of the Ray pods: merge tenancy.yaml (ConfigMap) with keys.yaml (Secret).
 
-The ConfigMap holds tenants and SLA classes without key hashes; the Secret holds
-``admin_key_hash`` and ``api_key_hashes: {tenant_id: [hash, ...]}``. The merged file is what
+The ConfigMap holds tenants and SLA classes without key material; the Secret holds ``key_salt``
+(the secret that keys every API-key HMAC), ``admin_key_hash`` and
+``api_key_hashes: {tenant_id: [hash, ...]}``. The merged file is what
 ``cluster.config.AppConfig.tenancy_config`` points at. When the ``tenancy`` package is importable
 (it is in the fairlane image) the result is validated here, so a bad config stops the pod at start.
 """
@@ -16,7 +17,7 @@ import yaml
 
 
 def merge(config: dict, keys: dict) -> dict:
-    """The tenancy config with each tenant's ``api_key_hashes`` and the ``admin_key_hash`` filled in."""
+    """The tenancy config with tenants' ``api_key_hashes``, ``admin_key_hash``, ``key_salt`` filled in."""
     hashes = keys.get("api_key_hashes") or {}
     tenants = []
     for tenant in config.get("tenants") or []:
@@ -29,7 +30,10 @@ def merge(config: dict, keys: dict) -> dict:
         raise ValueError(f"keys Secret names unknown tenants: {', '.join(unknown)}")
     if not keys.get("admin_key_hash"):
         raise ValueError("keys Secret has no admin_key_hash")
-    return {**config, "tenants": tenants, "admin_key_hash": keys["admin_key_hash"]}
+    if not keys.get("key_salt"):  # the hashes are HMACs under this salt: without it no key matches
+        raise ValueError("keys Secret has no key_salt")
+    merged = {**config, "tenants": tenants, "admin_key_hash": keys["admin_key_hash"]}
+    return merged | {"key_salt": keys["key_salt"]}
 
 
 def _read(path: str) -> dict:

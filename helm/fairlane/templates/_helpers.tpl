@@ -176,6 +176,9 @@ applications:
 {{- fail "gcsFaultTolerance.enabled needs a Redis password Secret: set externalRedis.existingSecret" }}
 {{- end }}
 {{- if not .Values.tenancy.keys.existingSecret }}
+{{- if not .Values.tenancy.keys.key_salt }}
+{{- fail "tenancy.keys.key_salt (or tenancy.keys.existingSecret) is required: the secret salt of the key HMACs" }}
+{{- end }}
 {{- if not .Values.tenancy.keys.admin_key_hash }}
 {{- fail "tenancy.keys.admin_key_hash (or tenancy.keys.existingSecret) is required" }}
 {{- end }}
