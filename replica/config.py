@@ -27,7 +27,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: from kv_cache_tokens (CPU) or free memory (CUDA)
     kv_cache_tokens: int = 32768  # CPU cache size when num_kv_blocks is None
-    gpu_memory_fraction: float = 0.85  # share of free GPU memory for weights' neighbour, the KV cache
+    gpu_memory_fraction: float = 0.85  # CUDA: share of the memory left after the weights for KV
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's own limit, capped at 8192
