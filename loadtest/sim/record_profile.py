@@ -1,12 +1,14 @@
 """Record raw per-step engine profiles on this machine and fit the simulator's step-time model.
 
-    python -m loadtest.sim.record_profile --device cpu --out loadtest/sim/data/step_cpu_smollm2.json
+    python -m loadtest.sim.record_profile --device cpu --out loadtest/sim/data/step_cpu-smollm2.json
+    python -m loadtest.sim.record_profile --from-jsonl runs/fid-cluster/steps.jsonl --out model.json
 
 Drives the real ``replica.Engine`` (random-weight SmolLM2-135M shape by default) through a mix of
 batch sizes, prompt lengths and staggered arrivals, so prefill and decode steps of many batch sizes
 and context lengths are profiled; then fits ``step_ms = a + b·batch + c·prefill_tokens + d·Σcontext``
-by least squares (``loadtest.sim.step_model.fit``) on the step *period* (time between successive
-steps' token delivery, idle waits excluded). Writes the coefficients with their provenance.
+by least squares (``loadtest.sim.step_model.fit``) on each step's host-side busy time (see
+``samples_from_records``). Writes the coefficients with their provenance.
+``--from-jsonl`` fits records taken elsewhere (a running cluster: ``loadtest.sim.cluster_profile``).
 """
 
 from __future__ import annotations
@@ -40,16 +42,28 @@ async def _run_mix(engine, vocab: int, concurrency: int, prompt_len: int, max_to
     await asyncio.gather(*(one(i) for i in range(concurrency)))
 
 
-def _samples(records: list[dict], contexts: list[int]) -> list[StepSample]:
-    out = []
-    for prev, rec, ctx in zip(records, records[1:], contexts[1:], strict=False):
-        period = (rec["at"] - prev["at"]) * 1000.0 - rec["idle_ms"]
-        if period > 0 and rec["idle_ms"] < 1.0 and rec["step_id"] == prev["step_id"] + 1:
-            out.append(StepSample(rec["batch_size"], rec["num_prefill_tokens"], ctx, period))
-    return out
+def samples_from_records(records: list[dict]) -> list[StepSample]:
+    """Step samples from raw ``StepRecord``s (dicts) of one engine.
+
+    A step's duration is its host-side work: prepare + H2D + compute + D2H + postprocess. On the
+    CPU these stages run one after another on the same cores, so they add up. The *period* between
+    successive steps' deliveries is not usable: ``idle_ms`` stays ~0 even when the loop slept for
+    seconds waiting for work (measured in the cluster run: prefill-after-idle periods of 1-3 s with
+    ``idle_ms`` < 1), and in the async loop a step's period carries the previous step's work.
+    """
+    return [
+        StepSample(r["batch_size"], r["num_prefill_tokens"], r["context_tokens"], busy_ms(r))
+        for r in records
+        if r["batch_size"] > 0
+    ]
 
 
-async def record(args) -> tuple[list[dict], dict[int, int]]:
+def busy_ms(r: dict) -> float:
+    """A step's host-side work, ms (the stages run one after another on the CPU)."""
+    return r["prepare_ms"] + r["h2d_ms"] + r["compute_ms"] + r["d2h_ms"] + r["postprocess_ms"]
+
+
+async def record(args) -> list[dict]:
     from replica.config import EngineConfig
     from replica.engine import Engine
 
@@ -63,7 +77,6 @@ async def record(args) -> tuple[list[dict], dict[int, int]]:
     )
     engine = Engine(config)
     await engine.start()
-    contexts = _capture_contexts(engine.core)
     vocab = engine.loaded.config.vocab_size
     records: list[dict] = []
     for seed, (conc, plen, mtok) in enumerate(MIXES):
@@ -71,24 +84,20 @@ async def record(args) -> tuple[list[dict], dict[int, int]]:
         await _run_mix(engine, vocab, conc, plen, mtok, seed)
         records.extend(engine.core.profiler.recent(8192))
     await engine.stop()
-    return records, contexts
+    return records
 
 
-def _capture_contexts(core) -> dict[int, int]:
-    """Σcontext per step id, read from the step plan as the engine records the step.
+def read_jsonl(path: Path) -> list[dict]:
+    """Raw step records written by ``--raw`` or ``loadtest.sim.cluster_profile`` (one per line)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    The profiler has no context-length field (NEEDS.md item 3), so the engine core's ``_record``
-    is wrapped on this one instance: attention context of an item = ``start + num_new``.
-    """
-    contexts: dict[int, int] = {}
-    original = core._record
 
-    def record(handle, *rest, **kw):
-        contexts[handle.plan.step_id] = sum(i.start + i.num_new for i in handle.plan.items)
-        original(handle, *rest, **kw)
-
-    core._record = record
-    return contexts
+def samples_by_engine(records: list[dict]) -> list[StepSample]:
+    """Samples of each engine's records separately (a cluster file holds several replicas')."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(r.get("replica", ""), []).append(r)
+    return [s for group in groups.values() for s in samples_from_records(group)]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -98,31 +107,37 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-batched-tokens", type=int, default=512)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--raw", type=Path, default=None, help="also write the raw step records (JSONL)")
+    p.add_argument(
+        "--from-jsonl", type=Path, default=None, help="fit these raw records instead of driving an engine"
+    )
+    p.add_argument("--name", default=None, help="the model's name (default DEVICE-MODEL)")
     args = p.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    records, by_step = asyncio.run(record(args))
-    contexts = [by_step.get(r["step_id"], 0) for r in records]
-    model, stats = fit(_samples(records, contexts))
+    records = read_jsonl(args.from_jsonl) if args.from_jsonl else asyncio.run(record(args))
+    model, stats = fit(samples_by_engine(records))
+    source = (
+        f"raw StepRecords of {args.from_jsonl} (loadtest/sim/cluster_profile.py during a load test)"
+        if args.from_jsonl
+        else "loadtest/sim/record_profile.py: replica.Engine step profiler, raw records"
+    )
     result = {
-        "name": f"{args.device}-{args.model}",
+        "name": args.name or f"{args.device}-{args.model}",
         **model.as_dict(),
         "provenance": {
-            "source": "loadtest/sim/record_profile.py: replica.Engine step profiler, raw records",
+            "source": source,
             "date": started,
             "machine": platform.platform(),
             "processor": platform.processor(),
             "model": args.model,
             "device": args.device,
-            "mixes": MIXES,
+            "mixes": None if args.from_jsonl else MIXES,
             "max_num_batched_tokens": args.max_batched_tokens,
             **stats,
         },
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.raw is not None:
-        args.raw.write_text(
-            "".join(json.dumps(r | {"context": c}) + "\n" for r, c in zip(records, contexts, strict=True))
-        )
+        args.raw.write_text("".join(json.dumps(r) + "\n" for r in records))
     print(json.dumps(result, indent=1))
     return result
 

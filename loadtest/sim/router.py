@@ -63,11 +63,16 @@ class SimRouter:
         sampler: ServiceSampler,
         max_ongoing: int,
         queue_timeout_s: float,
+        dispatch_latency_s: float = 0.0,
+        client_latency_s: float = 0.0,
     ) -> None:
         self._loop, self._trace, self._quotas = loop, trace, quotas
         self._dispatcher, self._queue = dispatcher, dispatcher.queue
         self._chooser, self._pool, self._outcomes, self._sampler = chooser, pool, outcomes, sampler
         self._max_ongoing, self._timeout = max_ongoing, queue_timeout_s
+        # Measured fixed latencies (loadtest/sim/overheads.py): the Serve hop to the replica delays
+        # the engine's admission; the client sees first token and end later than the router does.
+        self._dispatch_s, self._client_s = dispatch_latency_s, client_latency_s
         self._tenant_ids = [t.id for t in trace.tenants]
         self._leases: dict[int, Lease] = {}
         self._queued: dict[str, QueuedRequest] = {}
@@ -122,13 +127,18 @@ class SimRouter:
         replica = self._chooser.choose(self._pool.ready, self._max_ongoing)
         if replica is None:  # every replica at max_ongoing: Serve would queue at the handle
             replica = min(self._pool.ready + self._pool.draining, key=lambda r: r.ongoing)
-        replica.submit(Job(i, request.prompt_tokens, max(1, request.max_tokens)))
+        job = Job(i, request.prompt_tokens, max(1, request.max_tokens))
+        if self._dispatch_s > 0:
+            self._loop.after(self._dispatch_s, replica.submit, job)
+        else:
+            replica.submit(job)
         self._chooser.changed(replica)
 
     def finished(self, job: Job, now: float) -> None:
         i = job.rid
         tenant = self._trace.tenant[i]
-        self._outcomes.done(i, job.first_token, now, job.output, job.replica)
+        c = self._client_s
+        self._outcomes.done(i, job.first_token + c, now + c, job.output, job.replica)
         self._chooser.changed(self._pool.by_index(job.replica))
         self._sampler.service[tenant] += 2 * job.output / self._trace.tenants[tenant].weight
         self._queue.charge(self._tenant_ids[tenant], job.output)

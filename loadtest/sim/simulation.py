@@ -55,7 +55,12 @@ def simulate(
         quotas = QuotaManager(config, MemoryQuotaStore(clock=loop.clock), clock=loop.clock)
     chooser = make_chooser(policy.choice)
     spec = ReplicaSpec(
-        step, cluster.kv_blocks, cluster.block_size, cluster.max_num_seqs, cluster.max_num_batched_tokens
+        step,
+        cluster.kv_blocks,
+        cluster.block_size,
+        cluster.max_num_seqs,
+        cluster.max_num_batched_tokens,
+        cluster.join_lag_steps,
     )
     holder: list[SimRouter] = []
     a = cluster.autoscaling
@@ -82,6 +87,8 @@ def simulate(
         sampler,
         cluster.replica_room + 8,
         cluster.queue_timeout_s,
+        cluster.dispatch_latency_s,
+        cluster.client_latency_s,
     )
     holder.append(router)
     initial = cluster.replicas if a is None else (a.initial_replicas or a.min_replicas)

@@ -98,6 +98,15 @@ class ClusterSpec(_Strict):
     routing_stats_period_s: float = Field(default=0.5, gt=0)
     gpu_dollars_per_hour: float = Field(default=5.0, ge=0)
     autoscaling: AutoscalingSpec | None = None
+    join_lag_steps: int = Field(
+        default=0, ge=0, description="Steps a request arriving mid-step waits beyond the next (async: 1)."
+    )
+    dispatch_latency_s: float = Field(
+        default=0.0, ge=0, description="Router grant → the replica's engine sees the request (Serve hop)."
+    )
+    client_latency_s: float = Field(
+        default=0.0, ge=0, description="Added to client-seen first token and end (proxy, HTTP, SSE, ingress)."
+    )
 
 
 class SimSpec(_Strict):
