@@ -63,13 +63,15 @@ class EngineCore:
         idle_since = time.perf_counter()
         while not self._stopping:
             self._drain_inbox(block=inflight is None and not self.scheduler.has_work())
-            idle_ms = (time.perf_counter() - idle_since) * 1000.0
+            waited_ms = (time.perf_counter() - idle_since) * 1000.0
             handle = self._launch(self.scheduler.schedule())
+            if handle is not None:  # the wait before this step belongs to this step's record
+                handle.idle_ms = waited_ms
             if handle is not None and self.mode == "sync":
-                self._complete(handle, idle_ms)
+                self._complete(handle)
                 handle = None
             if inflight is not None:
-                self._complete(inflight, idle_ms)
+                self._complete(inflight)
             inflight = handle
             self._flush()
             idle_since = time.perf_counter()
@@ -93,7 +95,7 @@ class EngineCore:
             self._fail_plan(plan, exc)
             return None
 
-    def _complete(self, handle: StepHandle, idle_ms: float) -> None:
+    def _complete(self, handle: StepHandle) -> None:
         t0 = time.perf_counter()
         try:
             sampled = self.runner.wait(handle)
@@ -107,7 +109,7 @@ class EngineCore:
             if not seq.finished:  # else: the extra token of a sequence that stopped a step ago
                 self._accept_token(seq, token)
         t2 = time.perf_counter()
-        self._record(handle, idle_ms, wait_ms=(t1 - t0) * 1000.0, post_ms=(t2 - t1) * 1000.0)
+        self._record(handle, wait_ms=(t1 - t0) * 1000.0, post_ms=(t2 - t1) * 1000.0)
 
     # ---- tokens, stops and outputs ------------------------------------------------------------------
     def _accept_token(self, seq: Sequence, token: int) -> None:
@@ -196,7 +198,7 @@ class EngineCore:
         self._flush()
 
     # ---- stats and profile ---------------------------------------------------------------------------
-    def _record(self, handle: StepHandle, idle_ms: float, wait_ms: float, post_ms: float) -> None:
+    def _record(self, handle: StepHandle, wait_ms: float, post_ms: float) -> None:
         plan = handle.plan
         prefill_tokens = plan.num_tokens - plan.num_decode
         record = StepRecord(
@@ -209,7 +211,7 @@ class EngineCore:
             context_tokens=sum(item.start + item.num_new for item in plan.items),
             postprocess_ms=post_ms,
             wait_ms=wait_ms,
-            idle_ms=idle_ms,
+            idle_ms=handle.idle_ms,
             **handle.timings_ms(),
         )
         self.profiler.add(record)

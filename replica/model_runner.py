@@ -37,6 +37,7 @@ class StepHandle:
     graphed: bool
     events: dict  # start, h2d_done, compute_start, compute_done, d2h_done
     prev_compute_done: object | None  # the previous step's compute_done: the gap since is device idle
+    idle_ms: float = 0.0  # host time the loop waited for work before launching this step
 
     def timings_ms(self) -> dict[str, float]:
         ev = self.events
