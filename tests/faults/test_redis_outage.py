@@ -27,6 +27,10 @@ def outage_app(fault_port: int, fault_config: dict) -> Iterator[tuple[str, Redis
         "num_routers": 2,
         "redis_url": redis.url,
         "redis_prefix": "outage",
+        # While Redis is down each router allows f of every quota, refilling at f of the rate: n
+        # routers admit at most n*f*rpm*(1 + T/60) in a T-second outage. 2 * 0.4 * (1 + 8/60) < 1
+        # keeps that within the one refill window the bound allows.
+        "redis_fallback_fraction": 0.4,
     }
     start_app(OUTAGE_APP, OUTAGE_PREFIX, config)
     try:
