@@ -130,15 +130,9 @@ def prefill_attention(
     keys = k_cache[table].flatten(0, 1)[:ctx].transpose(0, 1)  # [kv_heads, ctx, D]
     values = v_cache[table].flatten(0, 1)[:ctx].transpose(0, 1)
     queries = q.transpose(0, 1).to(keys.dtype)  # [heads, q_len, D]
-    if ctx == q_len:
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
-        )
-    else:
-        # Query i sits at position ctx - q_len + i and sees every key up to it.
-        query_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
-        mask = torch.arange(ctx, device=q.device)[None, :] <= query_pos
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-        )
+    # Query i sits at position ctx - q_len + i and sees every key up to it. (A chunk that is the
+    # whole context takes `causal_attention` instead: no cache read needed.)
+    query_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
+    mask = torch.arange(ctx, device=q.device)[None, :] <= query_pos
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1).to(q.dtype)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
-from ray import serve
 
-from tests.cluster.helpers import start_app, write_tenancy
+from tests.cluster.helpers import ray_and_serve, start_app, write_tenancy
 from tests.redis_server import free_port
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -19,16 +16,9 @@ APP = "fl-test"
 
 @pytest.fixture(scope="session")
 def ray_serve() -> Iterator[int]:
-    """Ray sized for a 2-core box (logical CPUs let several replicas share it) and Serve on a free port."""
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    port = free_port()
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
+    """Ray and Serve on a free port, for the whole session."""
+    with ray_and_serve(free_port()) as port:
         yield port
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

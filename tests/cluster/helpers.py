@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import ray
 import yaml
 from ray import serve
 
@@ -17,6 +21,22 @@ LIMITED_KEY = "sk-test-limited"  # 2 requests per minute
 CAPPED_KEY = "sk-test-capped"  # 2 concurrent requests
 ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
 ALICE, BOB, CAROL = DEMO_KEYS["alice"], DEMO_KEYS["bob"], DEMO_KEYS["carol"]
+
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+
+@contextlib.contextmanager
+def ray_and_serve(port: int) -> Iterator[int]:
+    """Ray sized for a 2-core box (logical CPUs let several replicas share it) and Serve on ``port``."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield port
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def _tenant(tid: str, key: str, sla: str, **quotas: int) -> dict:

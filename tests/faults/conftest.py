@@ -3,7 +3,6 @@ one application with two SmolLM2 replicas, small rooms and bounded queues."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import yaml
 from ray import serve
 from ray.serve import context as serve_context
 
-from tests.cluster.helpers import start_app, write_tenancy
+from tests.cluster.helpers import ray_and_serve, start_app, write_tenancy
 from tests.faults.fault_helpers import FAULT_APP, FAULT_PREFIX, FUZZ_KEY, fuzz_tenant, metered_tenant
 from tests.redis_server import free_port
 
@@ -30,15 +29,8 @@ def fault_port() -> Iterator[int]:
             return
         except Exception:  # Ray without Serve: start Serve below
             pass
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    port = free_port()
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
+    with ray_and_serve(free_port()) as port:
         yield port
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
