@@ -65,7 +65,8 @@ class EngineCore:
             self._drain_inbox(block=inflight is None and not self.scheduler.has_work())
             waited_ms = (time.perf_counter() - idle_since) * 1000.0
             handle = self._launch(self.scheduler.schedule())
-            if handle is not None:  # the wait before this step belongs to this step's record
+            launched = handle is not None
+            if launched:  # the wait before this step belongs to this step's record
                 handle.idle_ms = waited_ms
             if handle is not None and self.mode == "sync":
                 self._complete(handle)
@@ -75,8 +76,10 @@ class EngineCore:
             inflight = handle
             self._flush()
             idle_since = time.perf_counter()
-            if inflight is None and self.scheduler.has_work():
-                self._drain_inbox(block=True, timeout=0.01)  # nothing runnable now: wait briefly
+            if not launched and inflight is None and self.scheduler.has_work():
+                # Work waits but none could be scheduled (no free KV blocks, say): wait briefly for an
+                # abort or a new request instead of spinning. A step that ran (sync mode) never waits here.
+                self._drain_inbox(block=True, timeout=0.01)
         self._shutdown()
 
     def stop(self) -> None:

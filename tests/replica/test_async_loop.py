@@ -12,9 +12,14 @@ from tests.replica.conftest import collect
 async def _traced_run(mode: str) -> tuple[list[tuple[str, int, bool]], list[list[int]]]:
     engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", mode=mode))
     await engine.start()
-    runner = engine.core.runner
+    runner, core = engine.core.runner, engine.core
     trace: list[tuple[str, int, bool]] = []
-    launch, wait = runner.launch, runner.wait
+    launch, wait, drain = runner.launch, runner.wait, core._drain_inbox
+
+    def traced_drain(block, timeout=None):
+        if timeout is not None:  # the loop's "nothing runnable" pause
+            trace.append(("pause", -1, False))
+        return drain(block, timeout)
 
     def traced_launch(plan):
         handle = launch(plan)
@@ -25,7 +30,7 @@ async def _traced_run(mode: str) -> tuple[list[tuple[str, int, bool]], list[list
         trace.append(("wait", handle.plan.step_id, False))
         return wait(handle)
 
-    runner.launch, runner.wait = traced_launch, traced_wait
+    runner.launch, runner.wait, core._drain_inbox = traced_launch, traced_wait, traced_drain
     prompts = ["The sky is", "Rivers flow to", "My favourite food is"]
     try:
         results = await asyncio.gather(
@@ -52,6 +57,8 @@ async def test_async_launches_next_step_before_reading_previous():
         "no token carried on device"
     )
     sync_trace, sync_outputs = await _traced_run("sync")
+    # With free KV blocks every step is runnable: neither mode may pause between steps.
+    assert not [t for t in trace + sync_trace if t[0] == "pause"]
     sync_order = [(k, s) for k, s, _ in sync_trace]
     for i in range(0, len(sync_order), 2):
         assert sync_order[i][0] == "launch" and sync_order[i + 1] == ("wait", sync_order[i][1])
