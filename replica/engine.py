@@ -21,7 +21,6 @@ import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as SeqOf
 
-import numpy as np
 import torch
 
 from replica.block_manager import BlockManager
@@ -84,7 +83,7 @@ class Engine:
             self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
             cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels,
         )  # fmt: skip
-        scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width)
         return EngineCore(runner, scheduler, self._eos_ids(), cfg.mode, cfg.profile_history)
 
     def _default_num_blocks(self) -> int:
@@ -159,7 +158,6 @@ class Engine:
             seed=(seed ^ (seed >> 32)) & 0xFFFFFFFF,
             arrival=time.monotonic(),
             max_len=self.max_model_len,
-            block_array=np.zeros(self.core.runner.table_width, dtype=np.int64),
         )
         detok = None
         if self.tokenizer is not None:

@@ -129,12 +129,8 @@ class ModelRunner:
         events = {name: self.streams.event() for name in names}
         with self.streams.on("h2d"):
             events["start"].record()
-            counts = layout.copy_counts()
-            if graph_size is not None:
-                counts = {
-                    name: max(count, graph_size) for name, count in counts.items() if name != "prefill_tables"
-                }
-            buf.copy_to_device(counts)
+            decode_rows = graph_size if graph_size is not None else layout.num_decode
+            buf.copy_to_device(decode_rows, len(layout.prefills))
             events["h2d_done"].record()
         self.streams.wait("compute", events["h2d_done"])
         with self.streams.on("compute"):

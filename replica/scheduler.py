@@ -4,6 +4,10 @@ Every step, running sequences go first (a decode token, or the next chunk of a l
 waiting ones join in arrival order while the token budget, the sequence cap and the KV cache allow.
 Prefill and decode share one step. When the cache runs out, the most recently arrived running
 sequence is preempted: its blocks are freed and it is recomputed later from its tokens.
+
+Each running sequence owns one row of `block_rows`, a preallocated (max_num_seqs × table width)
+array that mirrors its block table; the input builder gathers a step's tables from it in one
+indexing operation instead of stacking hundreds of per-sequence arrays.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from replica.block_manager import BlockManager
 from replica.sequence import SeqStatus, Sequence
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
     start: int  # position of the first new token
@@ -30,6 +36,7 @@ class StepPlan:
     items: list[ScheduledSeq]  # single-token items first, then multi-token chunks
     num_decode: int
     num_tokens: int
+    block_rows: np.ndarray  # the scheduler's table rows; item.seq.row indexes it
 
     @property
     def sampling_items(self) -> list[ScheduledSeq]:
@@ -37,10 +44,14 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, table_width: int = 256
+    ) -> None:
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_rows = np.zeros((max_num_seqs, table_width), dtype=np.int64)
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -56,15 +67,18 @@ class Scheduler:
         """Pick the next step's work and claim its cache slots, or None when nothing can run."""
         budget = self.max_num_batched_tokens
         items: list[ScheduledSeq] = []
-        for seq in list(self.running):
+        room = self.blocks.block_size
+        for seq in list(self.running):  # the hot loop at large batches: kept to plain attribute reads
             if budget == 0:
                 break
-            if seq.status is not SeqStatus.RUNNING or seq.reached_length_limit() or seq.uncomputed() == 0:
+            uncomputed = len(seq.tokens) + seq.num_pending - seq.num_computed
+            if uncomputed == 0 or seq.status is not SeqStatus.RUNNING or seq.reached_length_limit():
                 continue
-            num_new = min(seq.uncomputed(), budget)
-            if not self._make_room(seq, seq.num_computed + num_new):
+            num_new = min(uncomputed, budget)
+            needs_blocks = seq.num_computed + num_new > len(seq.block_table) * room
+            if needs_blocks and not self._make_room(seq, seq.num_computed + num_new):
                 continue
-            items.append(self._claim(seq, num_new))
+            items.append(self._claim(seq, num_new, needs_blocks))
             budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -78,6 +92,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            self._take_row(seq)
             items.append(self._claim(seq, num_new))
             budget -= num_new
         return self._plan(items) if items else None
@@ -91,30 +106,37 @@ class Scheduler:
                 return False
         return True
 
-    def _claim(self, seq: Sequence, num_new: int) -> ScheduledSeq:
+    def _claim(self, seq: Sequence, num_new: int, needs_blocks: bool = True) -> ScheduledSeq:
         start = seq.num_computed
-        had = len(seq.block_table)
-        self.blocks.allocate(seq.block_table, start + num_new)
-        if seq.block_array is not None and len(seq.block_table) > had:
-            seq.block_array[had : len(seq.block_table)] = seq.block_table[had:]
-        samples = start + num_new == seq.num_tokens
+        if needs_blocks:
+            had = len(seq.block_table)
+            self.blocks.allocate(seq.block_table, start + num_new)
+            if len(seq.block_table) > had:
+                seq.block_array[had : len(seq.block_table)] = seq.block_table[had:]
+        samples = start + num_new == len(seq.tokens) + seq.num_pending
         prev_row = seq.pending_row if seq.num_pending else -1
         seq.num_computed += num_new
         return ScheduledSeq(seq, start, num_new, samples, prev_row)
 
     def _plan(self, items: list[ScheduledSeq]) -> StepPlan:
-        items.sort(key=lambda item: item.num_new > 1)  # stable: decodes first, then chunks
+        num_tokens = sum(item.num_new for item in items)
+        if num_tokens != len(items):  # some chunks: stable sort puts decodes first, then chunks
+            items.sort(key=lambda item: item.num_new > 1)
         num_decode = sum(1 for item in items if item.num_new == 1)
-        plan = StepPlan(self._next_step, items, num_decode, sum(item.num_new for item in items))
+        plan = StepPlan(self._next_step, items, num_decode, num_tokens, self.block_rows)
         self._next_step += 1
-        for row, item in enumerate(plan.sampling_items):
-            item.seq.num_pending += 1
-            item.seq.pending_row = row
+        row = 0
+        for item in items:
+            if item.samples:
+                item.seq.num_pending += 1
+                item.seq.pending_row = row
+                row += 1
         return plan
 
     def preempt(self, seq: Sequence) -> None:
         """Drop `seq`'s cache and send it to the front of the queue; it is recomputed later."""
         self.running.remove(seq)
+        self._release_row(seq)
         self.blocks.free(seq.block_table)
         seq.num_computed = 0
         seq.status = SeqStatus.WAITING
@@ -126,8 +148,20 @@ class Scheduler:
         """End `seq` wherever it is and return its blocks."""
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
+            self._release_row(seq)
         elif seq.status is SeqStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free(seq.block_table)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
+
+    def _take_row(self, seq: Sequence) -> None:
+        """Give a newly running sequence its row of `block_rows` (its table is empty or restored)."""
+        seq.row = self._free_rows.pop()
+        seq.block_array = self.block_rows[seq.row]
+        seq.block_array[: len(seq.block_table)] = seq.block_table
+
+    def _release_row(self, seq: Sequence) -> None:
+        # Safe at once: a launched step copied its tables into its own IO buffers when it was filled.
+        self._free_rows.append(seq.row)
+        seq.row, seq.block_array = -1, None

@@ -38,10 +38,18 @@ class Sequence:
     num_pending: int = 0
     pending_row: int = -1  # row of the pending token in the in-flight step's samples
     block_table: list[int] = field(default_factory=list)
-    block_array: np.ndarray | None = None  # the same table as int64, for vectorised input building
+    block_array: np.ndarray | None = None  # while running: the scheduler's row mirroring block_table
+    row: int = -1  # that row's index in the scheduler's block_rows
     finish_reason: str | None = None
     num_preemptions: int = 0
     emit: Callable[..., None] | None = None  # set by the engine: delivers outputs to the caller
+    # temperature, top_k, top_p, seed as one row (exact in float64: the seed has 32 bits); the input
+    # builder reads this one tuple per sequence instead of four attributes through `params`.
+    sampling_row: tuple[float, float, float, float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.sampling_row = (p.temperature, p.top_k, p.top_p, self.seed)
 
     @property
     def num_tokens(self) -> int:

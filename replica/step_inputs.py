@@ -24,14 +24,6 @@ class StepLayout:
     any_top_k: bool = False
     any_top_p: bool = False
 
-    def copy_counts(self) -> dict[str, int]:
-        t, d, s, p = self.num_tokens, self.num_decode, self.num_samples, len(self.prefills)
-        return {
-            "input_ids": t, "prev_rows": t, "positions": t, "slot_mapping": t, "decode_tables": d,
-            "decode_lens": d, "prefill_tables": p, "sample_rows": s, "temperature": s, "top_k": s,
-            "top_p": s, "seed": s, "out_position": s,
-        }  # fmt: skip
-
 
 def fill_step(plan: StepPlan, buf: StepBuffers, block_size: int) -> StepLayout:
     arrays = buf.np
@@ -40,7 +32,7 @@ def fill_step(plan: StepPlan, buf: StepBuffers, block_size: int) -> StepLayout:
     width = 0
     placeholders = False
     if nd:
-        width = _fill_decode(decode, arrays, block_size)
+        width = _fill_decode(decode, plan.block_rows, arrays, block_size)
         placeholders = bool((arrays["prev_rows"][:nd] >= 0).any())
     layout = StepLayout(plan.num_tokens, nd, 0, width, has_placeholders=placeholders)
     row = nd
@@ -52,19 +44,19 @@ def fill_step(plan: StepPlan, buf: StepBuffers, block_size: int) -> StepLayout:
     return layout
 
 
-def _fill_decode(decode: list, arrays: dict[str, np.ndarray], block_size: int) -> int:
+def _fill_decode(decode: list, block_rows: np.ndarray, arrays: dict[str, np.ndarray], block_size: int) -> int:
     """Decode rows, vectorised: one token each, at position `start`."""
     nd = len(decode)
-    seqs = [item.seq for item in decode]
-    starts = np.fromiter((item.start for item in decode), dtype=np.int64, count=nd)
-    prev = np.fromiter((item.prev_row for item in decode), dtype=np.int64, count=nd)
-    known = np.fromiter(
-        (s.tokens[i.start] if i.prev_row < 0 else 0 for s, i in zip(seqs, decode, strict=True)), np.int64, nd
+    # One pass over the items: start, carried row, table row, and the input token when the host knows it.
+    rows = np.array(
+        [(i.start, i.prev_row, i.seq.row, i.seq.tokens[i.start] if i.prev_row < 0 else 0) for i in decode],
+        np.int64,
     )
-    width = max(len(s.block_table) for s in seqs)
-    tables = np.stack([s.block_array[:width] for s in seqs])
-    arrays["input_ids"][:nd] = known
-    arrays["prev_rows"][:nd] = prev
+    starts = rows[:, 0]
+    width = int(starts.max()) // block_size + 1  # every table holds at least its position's block
+    tables = block_rows[rows[:, 2], :width]
+    arrays["input_ids"][:nd] = rows[:, 3]
+    arrays["prev_rows"][:nd] = rows[:, 1]
     arrays["positions"][:nd] = starts
     arrays["slot_mapping"][:nd] = (
         tables[np.arange(nd), starts // block_size] * block_size + starts % block_size
@@ -88,21 +80,29 @@ def _fill_chunk(item, row: int, index: int, arrays: dict[str, np.ndarray], block
 
 
 def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLayout) -> None:
-    rows, seqs, row = [], [], 0
-    for item in plan.items:
-        row += item.num_new
-        if item.samples:
-            rows.append(row - 1)
-            seqs.append(item.seq)
-    s = len(seqs)
+    items = plan.items
+    if plan.num_tokens == len(items):  # pure decode: every row samples, row i is item i
+        sampling = [item for item in items if item.samples]
+        rows = np.arange(len(items)) if len(sampling) == len(items) else None
+    else:
+        sampling, rows = None, None
+    if rows is None:
+        ends = np.cumsum([item.num_new for item in items]) - 1
+        picked = [index for index, item in enumerate(items) if item.samples]
+        rows, sampling = ends[picked], [items[index] for index in picked]
+    s = len(sampling)
     layout.num_samples = s
+    if s == 0:
+        return
+    seqs = [item.seq for item in sampling]
+    table = np.array([q.sampling_row for q in seqs], dtype=np.float64)  # (s, 4)
     arrays["sample_rows"][:s] = rows
-    arrays["temperature"][:s] = [q.params.temperature for q in seqs]
-    arrays["top_k"][:s] = [q.params.top_k for q in seqs]
-    arrays["top_p"][:s] = [q.params.top_p for q in seqs]
-    arrays["seed"][:s] = [q.seed for q in seqs]
+    arrays["temperature"][:s] = table[:, 0]
+    arrays["top_k"][:s] = table[:, 1]
+    arrays["top_p"][:s] = table[:, 2]
+    arrays["seed"][:s] = table[:, 3]
     # Pending was counted when the step was planned: the token being drawn is the last one.
-    arrays["out_position"][:s] = [q.num_tokens - 1 - q.num_prompt for q in seqs]
-    layout.all_greedy = bool((arrays["temperature"][:s] == 0).all())
-    layout.any_top_k = bool((arrays["top_k"][:s] > 0).any())
-    layout.any_top_p = bool((arrays["top_p"][:s] < 1).any())
+    arrays["out_position"][:s] = [len(q.tokens) + q.num_pending - 1 - q.num_prompt for q in seqs]
+    layout.all_greedy = bool((table[:, 0] == 0).all())
+    layout.any_top_k = bool((table[:, 1] > 0).any())
+    layout.any_top_p = bool((table[:, 2] < 1).any())
