@@ -5,7 +5,9 @@
 Every request generates exactly --max-tokens tokens (EOS ignored), so modes do the same work. Modes:
 async / sync: this engine; hf: transformers `generate` on the whole batch at once (padded);
 hf-single: transformers `generate`, one request at a time (the single-stream figure); hf-cb:
-transformers' own continuous batching (`generate_batch`, async batching on).
+transformers' own continuous batching (`generate_batch`, async batching on; run first, in a child
+process with its own time limit, so it gets the whole GPU and a stall cannot sink the run); prepare:
+host time to plan and fill one decode step at --batch sequences, alone (`host_prepare.py`).
 Runs with torch, transformers and numpy alone, so it works on the GPU machine's image too.
 """
 
@@ -27,7 +29,7 @@ from replica.engine import Engine
 from replica.model_loader import LoadedModel
 from replica.sampling_params import SamplingParams
 
-MODES = ("async", "sync", "hf", "hf-single", "hf-cb")
+MODES = ("async", "sync", "hf", "hf-single", "hf-cb", "prepare")
 
 
 def make_prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -56,6 +58,11 @@ async def run_engine(args, mode: str) -> dict:
     per_request = await _drive(engine, prompts, params)
     wall = time.perf_counter() - start
     result = _summarise(mode, per_request, wall, engine.profile_summary())
+    result["prefill_steps"] = [  # (prefill tokens, decode rows, device ms) of each step with a prefill
+        (r.num_prefill_tokens, r.batch_size, round(r.compute_ms, 3))
+        for r in engine.core.profiler.records
+        if r.num_prefill_tokens
+    ]
     result["outputs"] = [r["tokens"] for r in per_request]
     result["kv_blocks"] = engine.stats().kv_blocks_total
     if torch.cuda.is_available():
@@ -95,6 +102,8 @@ def _summarise(mode: str, per_request: list[dict], wall: float, profile: dict) -
         "tpot_ms_p99": _pct(tpot, 99),
         "ttft_ms_p50": _pct(ttft, 50),
         "mean_step_ms": _step_ms(profile),
+        "decode_host_prepare_ms_p50": profile.get("decode_host_prepare_ms", {}).get("p50"),
+        "decode_host_prepare_ms_p99": profile.get("decode_host_prepare_ms", {}).get("p99"),
         "device_busy_fraction": profile.get("device_busy_fraction"),
         "decode_device_busy_fraction": profile.get("decode_device_busy_fraction"),
         "profile": profile,
@@ -102,7 +111,7 @@ def _summarise(mode: str, per_request: list[dict], wall: float, profile: dict) -
 
 
 def _step_ms(profile: dict) -> float | None:
-    parts = ("prepare_ms", "compute_ms", "postprocess_ms")
+    parts = ("schedule_ms", "prepare_ms", "compute_ms", "postprocess_ms")
     if "compute_ms" not in profile:
         return None
     return sum(profile[p]["mean"] for p in parts)
@@ -166,11 +175,19 @@ def run(args) -> dict:
     if unknown:
         raise SystemExit(f"unknown modes {sorted(unknown)}; choose from {MODES}")
     results: dict[str, dict] = {}
+    if "hf-cb" in modes and not args.in_child:
+        results["hf-cb"] = _hf_cb_in_child(args)
+        _progress(args, results, "hf-cb")
+    if "prepare" in modes:
+        from replica.host_prepare import measure
+
+        results["prepare"] = measure(args.concurrency, args.prompt_len)
+        _progress(args, results, "prepare")
     for mode in [m for m in modes if m in ("async", "sync")]:
         results[mode] = asyncio.run(run_engine(args, mode))
         _progress(args, results, mode)
         _release_memory()
-    hf_modes = [m for m in modes if m.startswith("hf")]
+    hf_modes = [m for m in modes if m.startswith("hf") and (m != "hf-cb" or args.in_child)]
     if hf_modes:
         loaded = _load_only(args)  # same preset and seed: the same weights the engine ran
         for mode in hf_modes:
@@ -270,6 +287,28 @@ def run_hf_cb(args, loaded: LoadedModel) -> dict:
     return {"mode": "hf-cb", "output_tokens": total, "wall_s": wall, "output_tokens_per_s": total / wall}
 
 
+def _hf_cb_in_child(args) -> dict:
+    """Run the hf-cb mode in a child process bounded by --hf-cb-timeout; its JSON comes back in a file."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "hf_cb.json"
+        argv = [sys.executable, "-m", "replica.bench", "--modes", "hf-cb", "--in-child", "--json", str(out)]
+        for name in ("model", "device", "prompt_len", "max_tokens", "max_batched_tokens"):
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        argv += ["--batch", str(args.concurrency)] + (["--random-weights"] if args.random_weights else [])
+        try:
+            subprocess.run(argv, timeout=args.hf_cb_timeout, check=False, capture_output=True)
+        except subprocess.TimeoutExpired:
+            limit = args.hf_cb_timeout
+            return {"mode": "hf-cb", "error": f"did not finish within {limit} s (warm-up included)"}
+        if not out.exists():
+            return {"mode": "hf-cb", "error": "the child process wrote no result"}
+        return json.loads(out.read_text())["results"]["hf-cb"]
+
+
 def _load_only(args) -> LoadedModel:
     from replica.engine import _pick_device, _pick_dtype
     from replica.model_loader import load_model
@@ -317,6 +356,11 @@ def _report(args, results: dict[str, dict]) -> dict:
 def print_table(report: dict) -> None:
     print(f"\n{'mode':<10} {'tok/s':>10} {'wall s':>8} {'TPOT p50 ms':>12} {'step ms':>9} {'busy':>6}")
     for mode, r in report["results"].items():
+        if mode == "prepare":
+            h = r["host_prepare_ms"]
+            seqs = r["num_seqs"]
+            print(f"{mode:<10} host prepare at {seqs} seqs: p50 {h['p50']:.3f} ms, p99 {h['p99']:.3f} ms")
+            continue
         if "error" in r:
             print(f"{mode:<10} error: {r['error'][:100]}")
             continue
@@ -346,6 +390,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--modes", default="async,sync,hf-single")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
+    p.add_argument("--hf-cb-timeout", type=float, default=240.0, help="seconds for the hf-cb child")
+    p.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, default=None)
     return p
 

@@ -64,10 +64,13 @@ class EngineCore:
         while not self._stopping:
             self._drain_inbox(block=inflight is None and not self.scheduler.has_work())
             waited_ms = (time.perf_counter() - idle_since) * 1000.0
-            handle = self._launch(self.scheduler.schedule())
+            t0 = time.perf_counter()
+            plan = self.scheduler.schedule()
+            schedule_ms = (time.perf_counter() - t0) * 1000.0
+            handle = self._launch(plan)
             launched = handle is not None
             if launched:  # the wait before this step belongs to this step's record
-                handle.idle_ms = waited_ms
+                handle.idle_ms, handle.schedule_ms = waited_ms, schedule_ms
             if handle is not None and self.mode == "sync":
                 self._complete(handle)
                 handle = None
@@ -215,6 +218,7 @@ class EngineCore:
             postprocess_ms=post_ms,
             wait_ms=wait_ms,
             idle_ms=handle.idle_ms,
+            schedule_ms=handle.schedule_ms,
             **handle.timings_ms(),
         )
         self.profiler.add(record)

@@ -28,13 +28,21 @@ async def _profile(args) -> dict:
         async for _ in engine.generate(prompts[i], params):
             pass
 
-    tasks = [asyncio.create_task(one(i)) for i in range(args.batch)]
-    await asyncio.sleep(args.settle_s)  # past the prefills: steady decode
-    steps_before = engine.stats().steps
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        await asyncio.sleep(args.window_s)
-    steps = engine.stats().steps - steps_before
-    await asyncio.gather(*tasks)
+    if args.phase == "prefill":  # prompts only (one token each): the profile holds prefill steps
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        await asyncio.gather(*(one(i) for i in range(args.batch)))  # warm-up: same shapes
+        steps_before = engine.stats().steps
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            await asyncio.gather(*(one(i) for i in range(args.batch)))
+        steps = engine.stats().steps - steps_before
+    else:
+        tasks = [asyncio.create_task(one(i)) for i in range(args.batch)]
+        await asyncio.sleep(args.settle_s)  # past the prefills: steady decode
+        steps_before = engine.stats().steps
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            await asyncio.sleep(args.window_s)
+        steps = engine.stats().steps - steps_before
+        await asyncio.gather(*tasks)
     await engine.stop()
     rows = []
     for event in prof.key_averages():
@@ -43,6 +51,7 @@ async def _profile(args) -> dict:
             rows.append({"name": event.key[:90], "calls": event.count, "device_ms": device_us / 1000.0})
     rows.sort(key=lambda r: -r["device_ms"])
     return {
+        "phase": args.phase,
         "steps": steps,
         "per_step_ms": {r["name"]: r["device_ms"] / max(steps, 1) for r in rows[:25]},
         "top": rows[:25],
@@ -58,6 +67,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--settle-s", type=float, default=1.0)
     p.add_argument("--window-s", type=float, default=0.3)
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     result = asyncio.run(_profile(args))

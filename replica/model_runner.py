@@ -38,6 +38,7 @@ class StepHandle:
     events: dict  # start, h2d_done, compute_start, compute_done, d2h_done
     prev_compute_done: object | None  # the previous step's compute_done: the gap since is device idle
     idle_ms: float = 0.0  # host time the loop waited for work before launching this step
+    schedule_ms: float = 0.0  # host time the scheduler took to plan this step
 
     def timings_ms(self) -> dict[str, float]:
         ev = self.events

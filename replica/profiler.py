@@ -7,7 +7,10 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
-FIELDS = ("prepare_ms", "h2d_ms", "compute_ms", "d2h_ms", "gap_ms", "postprocess_ms", "wait_ms", "idle_ms")
+FIELDS = (
+    "schedule_ms", "prepare_ms", "h2d_ms", "compute_ms", "d2h_ms", "gap_ms",
+    "postprocess_ms", "wait_ms", "idle_ms",
+)  # fmt: skip
 
 
 @dataclass
@@ -19,6 +22,7 @@ class StepRecord:
     num_prefill_tokens: int
     num_sampled: int
     context_tokens: int  # tokens of context the step's attention reads, summed over its sequences
+    schedule_ms: float  # host: pick the step's sequences and claim their cache slots
     prepare_ms: float  # host: build the step's inputs
     h2d_ms: float
     compute_ms: float  # device: forward + sampling (CUDA events; host clock on CPU)
@@ -68,6 +72,13 @@ class StepProfiler:
                 "p50": values[len(values) // 2],
                 "p99": values[min(len(values) - 1, int(len(values) * 0.99))],
             }
+        # The host's whole share of a decode step (plan + inputs), over pure decode steps.
+        host = sorted(r.schedule_ms + r.prepare_ms for r in records if r.num_prefill_tokens == 0) or [0.0]
+        out["decode_host_prepare_ms"] = {
+            "mean": statistics.fmean(host),
+            "p50": host[len(host) // 2],
+            "p99": host[min(len(host) - 1, int(len(host) * 0.99))],
+        }
         out["mean_batch_size"] = statistics.fmean(r.batch_size for r in records)
         out["mean_tokens"] = statistics.fmean(r.num_tokens for r in records)
         out["device_busy_fraction"] = busy_fraction(records[1:])

@@ -60,7 +60,8 @@ def samples_from_records(records: list[dict]) -> list[StepSample]:
 
 def busy_ms(r: dict) -> float:
     """A step's host-side work, ms (the stages run one after another on the CPU)."""
-    return r["prepare_ms"] + r["h2d_ms"] + r["compute_ms"] + r["d2h_ms"] + r["postprocess_ms"]
+    stages = ("prepare_ms", "h2d_ms", "compute_ms", "d2h_ms", "postprocess_ms")
+    return r.get("schedule_ms", 0.0) + sum(r[name] for name in stages)
 
 
 async def record(args) -> list[dict]:

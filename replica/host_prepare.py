@@ -1,0 +1,87 @@
+"""Host time to prepare one decode step, measured alone: schedule + fill the IO buffers.
+
+    python -m replica.bench --modes prepare --batch 256 --prompt-len 256
+
+Builds `num_seqs` running sequences (no model, no device work), then runs the steady decode cycle
+the async loop runs: plan a step, fill its inputs, and read back the step before it (append one
+token to each sequence). The engine's own profile reports the same two parts in situ, where the
+engine thread also shares the interpreter with the callers' streams.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from replica.block_manager import BlockManager
+from replica.io_buffers import StepBuffers
+from replica.sampling_params import SamplingParams
+from replica.scheduler import Scheduler, StepPlan
+from replica.sequence import Sequence
+from replica.step_inputs import fill_step
+
+
+def measure(num_seqs: int, prompt_len: int, steps: int = 500, block_size: int = 16) -> dict:
+    """p50/p99 of schedule, fill and their sum over `steps` decode steps at `num_seqs` sequences."""
+    max_len = prompt_len + steps + 64
+    width = -(-max_len // block_size)
+    blocks = BlockManager(num_seqs * width + 1, block_size)
+    scheduler = Scheduler(blocks, num_seqs, max(4096, num_seqs), width)
+    params = SamplingParams(max_tokens=steps + 16, temperature=0.0, ignore_eos=True)
+    for i in range(num_seqs):
+        prompt = list(range(100, 100 + prompt_len))
+        scheduler.add(Sequence(str(i), prompt, prompt_len, params, i, 0.0, max_len))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    buffers = [StepBuffers(device, max(4096, num_seqs), num_seqs, width) for _ in (0, 1)]
+    _run_prefill(scheduler, buffers[0], block_size)
+    schedule_ms, fill_ms, previous = [], [], None
+    for k in range(steps):
+        t0 = time.perf_counter()
+        plan = scheduler.schedule()
+        t1 = time.perf_counter()
+        fill_step(plan, buffers[k % 2], block_size)
+        t2 = time.perf_counter()
+        if previous is not None:
+            _read_back(previous)
+        previous = plan
+        schedule_ms.append((t1 - t0) * 1e3)
+        fill_ms.append((t2 - t1) * 1e3)
+    total = [a + b for a, b in zip(schedule_ms, fill_ms, strict=True)]
+    return {
+        "mode": "prepare",
+        "num_seqs": num_seqs,
+        "steps": steps,
+        "schedule_ms": _stats(schedule_ms),
+        "fill_ms": _stats(fill_ms),
+        "host_prepare_ms": _stats(total),
+    }
+
+
+def _run_prefill(scheduler: Scheduler, buffers: StepBuffers, block_size: int) -> None:
+    """Schedule the prompts until every sequence is decoding."""
+    while True:
+        plan = scheduler.schedule()
+        fill_step(plan, buffers, block_size)
+        _read_back(plan)
+        if plan.num_tokens == len(plan.items) and not scheduler.waiting:
+            return
+
+
+def _read_back(plan: StepPlan) -> None:
+    for item in plan.items:
+        if item.samples:
+            item.seq.num_pending -= 1
+            item.seq.tokens.append(7)
+
+
+def _stats(values: list[float]) -> dict:
+    ordered = sorted(values)
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": ordered[len(ordered) // 2],
+        "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        "max": float(np.max(ordered)),
+    }
