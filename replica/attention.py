@@ -87,12 +87,19 @@ def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -
     )
 
 
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """[tokens, heads, D] -> [1, heads, tokens, D]: SDPA's fused (flash / memory-efficient) kernels
+    take 4-D inputs only; a 3-D call silently falls back to the float32 math path, which builds the
+    causal mask and the score matrix in memory, one kernel launch after another."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """A whole sequence in one chunk: plain causal attention over its own new keys and values."""
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True
+        _heads_first(q), _heads_first(k), _heads_first(v), is_causal=True, scale=scale, enable_gqa=True
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def decode_attention(
@@ -127,12 +134,15 @@ def prefill_attention(
     ctx, q_len = chunk.context_len, chunk.q_len
     block_size = k_cache.shape[1]
     table = chunk.block_table[: -(-ctx // block_size)]
-    keys = k_cache[table].flatten(0, 1)[:ctx].transpose(0, 1)  # [kv_heads, ctx, D]
-    values = v_cache[table].flatten(0, 1)[:ctx].transpose(0, 1)
-    queries = q.transpose(0, 1).to(keys.dtype)  # [heads, q_len, D]
+    groups = q.shape[1] // k_cache.shape[2]
+    # Keys and values expanded to the query heads: the memory-efficient kernel takes a mask but not
+    # grouped heads, and the expansion costs one copy of this sequence's context.
+    keys = _heads_first(k_cache[table].flatten(0, 1)[:ctx].repeat_interleave(groups, dim=1))
+    values = _heads_first(v_cache[table].flatten(0, 1)[:ctx].repeat_interleave(groups, dim=1))
+    queries = _heads_first(q.to(keys.dtype))  # [1, heads, q_len, D]
     # Query i sits at position ctx - q_len + i and sees every key up to it. (A chunk that is the
     # whole context takes `causal_attention` instead: no cache read needed.)
     query_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
     mask = torch.arange(ctx, device=q.device)[None, :] <= query_pos
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out.transpose(0, 1).to(q.dtype)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    return out[0].transpose(0, 1).to(q.dtype)
