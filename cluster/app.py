@@ -82,7 +82,9 @@ def engine_kwargs(config: AppConfig) -> dict[str, Any]:
 
 def compose(config: AppConfig) -> serve.Application:
     """The bound application: the ingress (routers) holding a handle to the replicas."""
-    replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(engine_kwargs(config))
+    replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(
+        engine_kwargs(config), config.engine.synthetic_tokenizer
+    )
     ingress = serve.deployment(
         Ingress,
         name="Router",

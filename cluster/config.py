@@ -26,6 +26,10 @@ class EngineSettings(_Frozen):
     random_weights: bool = Field(
         default=False, description="Random weights of the preset's shape (benchmarks)."
     )
+    synthetic_tokenizer: bool = Field(
+        default=False,
+        description="Generated word-level tokenizer of the preset's vocabulary (random-weight benchmarks).",
+    )
     kv_cache_tokens: int = Field(default=16384, gt=0, description="KV cache size in tokens on CPU.")
     max_num_seqs: int = Field(default=32, gt=0, description="Sequences batched together per step, at most.")
     max_num_batched_tokens: int = Field(default=512, gt=0, description="Tokens per step (prefill chunking).")

@@ -64,7 +64,9 @@ class Ingress:
         api.state.max_body_bytes = self.cfg.max_body_bytes
         self.replicas = replicas
         self.core = RouterCore(self.cfg, replicas)
-        encoder = PromptEncoder.for_model(self.cfg.engine.model, self.cfg.engine.random_weights)
+        encoder = PromptEncoder.for_model(
+            self.cfg.engine.model, self.cfg.engine.random_weights, self.cfg.engine.synthetic_tokenizer
+        )
         self.jobs = JobBuilder(self.cfg, encoder, self._max_model_len)
         ctx = serve.get_replica_context()
         self.router_id = ctx.replica_id.unique_id

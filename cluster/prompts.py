@@ -10,12 +10,23 @@ from __future__ import annotations
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from cluster.errors import BadRequest
+from cluster.word_tokenizer import word_tokenizer
 from replica.model_loader import cache_root, model_dir_for
 from replica.presets import REAL_WEIGHTS
 
 
-def load_tokenizer(model: str, random_weights: bool) -> PreTrainedTokenizerBase | None:
-    """The model's tokenizer, or None for random-weight presets without one (token ids only)."""
+def load_tokenizer(
+    model: str, random_weights: bool, synthetic: bool = False
+) -> PreTrainedTokenizerBase | None:
+    """The model's tokenizer, or None for random-weight presets without one (token ids only).
+
+    ``synthetic``: the generated word tokenizer the replicas attach too (``cluster.word_tokenizer``).
+    """
+    if synthetic:
+        vocab = _vocab_from_config(model)
+        if vocab is None:
+            raise ValueError(f"synthetic_tokenizer needs a preset (its vocabulary size), not {model!r}")
+        return word_tokenizer(vocab)
     if random_weights:
         cached = cache_root() / model
         if model in REAL_WEIGHTS and (cached / "tokenizer.json").exists():
@@ -32,8 +43,8 @@ class PromptEncoder:
         self._vocab = vocab_size
 
     @classmethod
-    def for_model(cls, model: str, random_weights: bool) -> PromptEncoder:
-        tok = load_tokenizer(model, random_weights)
+    def for_model(cls, model: str, random_weights: bool, synthetic: bool = False) -> PromptEncoder:
+        tok = load_tokenizer(model, random_weights, synthetic)
         vocab = len(tok) if tok is not None else _vocab_from_config(model)
         return cls(tok, vocab)
 

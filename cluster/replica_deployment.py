@@ -16,15 +16,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from cluster.wire import GenerateArgs, error_item, merge_items, output_item
+from cluster.word_tokenizer import attach_to_engine, word_tokenizer
 from replica import Engine, EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
 
 
 class ReplicaServer:
     """A Serve deployment class (decorated by ``cluster.app``) that owns one engine."""
 
-    async def __init__(self, engine: dict[str, Any]) -> None:
+    async def __init__(self, engine: dict[str, Any], synthetic_tokenizer: bool = False) -> None:
         self._engine = Engine(EngineConfig(**engine))
         await self._engine.start()
+        if synthetic_tokenizer:  # the router encodes with the same one (cluster.prompts)
+            attach_to_engine(self._engine, word_tokenizer(self._engine.loaded.config.vocab_size))
         self._replica_id = _replica_id()
         self._started = time.monotonic()
         self._waiting_tokens = 0  # prompt + max tokens of requests not yet producing; for routing
