@@ -136,6 +136,29 @@ def loadtest_cmd(
     )
 
 
+@app.command("capacity")
+def capacity_cmd(
+    url: str = typer.Option("http://127.0.0.1:8000", "--url", help="OpenAI-compatible base URL."),
+    out: Path = typer.Option(..., "--out", help="Folder: capacity.json and one run folder per rung."),
+    scenario: str = typer.Option("steady", "--scenario", help="Scenario whose rates the ladder scales."),
+    model: str | None = typer.Option(None, "--model", help="Model name sent (default: the scenario's)."),
+    start_scale: float = typer.Option(1.0, "--start-scale", help="Scale of the first rung."),
+    factor: float = typer.Option(1.5, "--factor", help="Scale multiplier from rung to rung."),
+    max_steps: int = typer.Option(8, "--max-steps", help="Rungs at most."),
+    step_duration: float = typer.Option(15.0, "--step-duration", help="Seconds of load per rung."),
+    load_factor: float = typer.Option(1.5, "--load-factor", help="Give scenarios' --scale for this x."),
+) -> None:
+    """Find the server's capacity: a scenario at growing rates until throughput stops growing."""
+    from loadtest.capacity import SweepRule
+    from loadtest.commands import run_capacity
+
+    rule = SweepRule(
+        scenario=scenario, model=model, start_scale=start_scale, factor=factor, max_steps=max_steps,
+        step_duration_s=step_duration,
+    )  # fmt: skip
+    run_capacity(url, out, rule, load_factor, console)
+
+
 @app.command("report")
 def report_cmd(
     run: Path | None = typer.Argument(None, help="A loadtest output folder."),

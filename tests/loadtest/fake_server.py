@@ -2,7 +2,9 @@
 
 The API key picks the behaviour, so one server covers every client-bound test:
 ``ok`` streams tokens every ``TOKEN_GAP_S``; ``slow`` stalls longer than any test's timeout;
-``reject`` answers 429; ``boom`` answers 500; ``broken`` sends a stream error event.
+``reject`` answers 429; ``boom`` answers 500; ``broken`` sends a stream error event; ``capped``
+streams like ``ok`` after holding the server alone for ``CAPPED_HOLD_S`` (one request at a time),
+so the server's capacity is 1 / ``CAPPED_HOLD_S`` requests per second (the capacity sweep's test).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tests.redis_server import free_port
 
 TOKEN_GAP_S = 0.01
 FIRST_TOKEN_DELAY_S = 0.02
+CAPPED_HOLD_S = 0.05
 
 
 def _chunk(text: str) -> bytes:
@@ -39,6 +42,13 @@ async def _tokens(n: int, prompt_tokens: int):
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
     yield f"data: {json.dumps({'id': 'chatcmpl-fake', 'choices': [], 'usage': usage})}\n\n".encode()
     yield b"data: [DONE]\n\n"
+
+
+async def _capped(gate: asyncio.Semaphore, n: int, prompt_tokens: int):
+    async with gate:  # the service time: one request at a time
+        await asyncio.sleep(CAPPED_HOLD_S)
+    async for part in _tokens(n, prompt_tokens):
+        yield part
 
 
 async def _stall():
@@ -59,6 +69,8 @@ class FakeState:
 
 
 def make_app(state: FakeState) -> Starlette:
+    gate = asyncio.Semaphore(1)
+
     async def chat(request: Request):
         body = await request.json()
         behaviour = request.headers.get("authorization", "").removeprefix("Bearer ")
@@ -69,7 +81,10 @@ def make_app(state: FakeState) -> Starlette:
             return JSONResponse({"error": {"type": "server_error"}}, status_code=500)
         prompt_tokens = len(body["messages"][0]["content"].split())
         stream = {"slow": _stall, "broken": _broken}.get(behaviour)
-        gen = stream() if stream else _tokens(body["max_tokens"], prompt_tokens)
+        if behaviour == "capped":
+            gen = _capped(gate, body["max_tokens"], prompt_tokens)
+        else:
+            gen = stream() if stream else _tokens(body["max_tokens"], prompt_tokens)
         return StreamingResponse(_counted(state, gen), media_type="text/event-stream")
 
     async def health(_: Request):
