@@ -35,6 +35,10 @@ class EngineConfig:
     fused_kernels: bool = True  # CUDA: Triton kernels for norm+residual, rope+KV write, SiLU×up
     weights_seed: int = 0
     profile_history: int = 4096  # steps kept by the step profiler
+    # The interpreter's thread switch interval while the engine runs (None: leave Python's 5 ms).
+    # The engine thread gives up the GIL at every device call; when the callers' event loop is busy
+    # (hundreds of streams), getting it back takes up to one interval, which then stalls the GPU.
+    gil_switch_interval_ms: float | None = 0.5
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
@@ -55,5 +59,7 @@ class EngineConfig:
             raise InvalidRequestError("num_kv_blocks must be at least 2 (block 0 is reserved)")
         if not 0.0 < self.gpu_memory_fraction < 1.0:
             raise InvalidRequestError("gpu_memory_fraction must be in (0, 1)")
+        if self.gil_switch_interval_ms is not None and not 0.0 < self.gil_switch_interval_ms <= 100.0:
+            raise InvalidRequestError("gil_switch_interval_ms must be in (0, 100]")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise InvalidRequestError("max_model_len must be greater than 1")

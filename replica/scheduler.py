@@ -68,17 +68,23 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         items: list[ScheduledSeq] = []
         room = self.blocks.block_size
-        for seq in list(self.running):  # the hot loop at large batches: kept to plain attribute reads
+        running = SeqStatus.RUNNING
+        for seq in list(self.running):  # the hot loop at large batches: plain attribute reads only
             if budget == 0:
                 break
-            uncomputed = len(seq.tokens) + seq.num_pending - seq.num_computed
-            if uncomputed == 0 or seq.status is not SeqStatus.RUNNING or seq.reached_length_limit():
+            total = len(seq.tokens) + seq.num_pending
+            computed = seq.num_computed
+            if total == computed or total >= seq.token_limit or seq.status is not running:
                 continue
-            num_new = min(uncomputed, budget)
-            needs_blocks = seq.num_computed + num_new > len(seq.block_table) * room
-            if needs_blocks and not self._make_room(seq, seq.num_computed + num_new):
-                continue
-            items.append(self._claim(seq, num_new, needs_blocks))
+            num_new = total - computed if total - computed < budget else budget
+            if computed + num_new > len(seq.block_table) * room:
+                if not self._make_room(seq, computed + num_new):
+                    continue
+                items.append(self._claim(seq, num_new))
+            else:  # the common decode case: the token fits the last block, nothing to allocate
+                prev_row = seq.pending_row if seq.num_pending else -1
+                seq.num_computed = computed + num_new
+                items.append(ScheduledSeq(seq, computed, num_new, computed + num_new == total, prev_row))
             budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -106,13 +112,12 @@ class Scheduler:
                 return False
         return True
 
-    def _claim(self, seq: Sequence, num_new: int, needs_blocks: bool = True) -> ScheduledSeq:
+    def _claim(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         start = seq.num_computed
-        if needs_blocks:
-            had = len(seq.block_table)
-            self.blocks.allocate(seq.block_table, start + num_new)
-            if len(seq.block_table) > had:
-                seq.block_array[had : len(seq.block_table)] = seq.block_table[had:]
+        had = len(seq.block_table)
+        self.blocks.allocate(seq.block_table, start + num_new)
+        if len(seq.block_table) > had:
+            seq.block_array[had : len(seq.block_table)] = seq.block_table[had:]
         samples = start + num_new == len(seq.tokens) + seq.num_pending
         prev_row = seq.pending_row if seq.num_pending else -1
         seq.num_computed += num_new

@@ -46,10 +46,13 @@ class Sequence:
     # temperature, top_k, top_p, seed as one row (exact in float64: the seed has 32 bits); the input
     # builder reads this one tuple per sequence instead of four attributes through `params`.
     sampling_row: tuple[float, float, float, float] = field(init=False)
+    # Tokens (prompt + output) past which nothing more may be scheduled: max_tokens or the context.
+    token_limit: int = field(init=False)
 
     def __post_init__(self) -> None:
         p = self.params
         self.sampling_row = (p.temperature, p.top_k, p.top_p, self.seed)
+        self.token_limit = min(self.num_prompt + p.max_tokens, self.max_len)
 
     @property
     def num_tokens(self) -> int:
@@ -70,8 +73,7 @@ class Sequence:
 
     def reached_length_limit(self) -> bool:
         """No further token may be scheduled: max_tokens or the context would be exceeded."""
-        produced = self.num_output + self.num_pending
-        return produced >= self.params.max_tokens or self.num_tokens >= self.max_len
+        return len(self.tokens) + self.num_pending >= self.token_limit
 
     def uncomputed(self) -> int:
         return self.num_tokens - self.num_computed
