@@ -11,12 +11,12 @@ bench() { timeout 300 python3 -m replica.bench --random-weights --device cuda "$
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 timeout 240 python3 -m pytest tests/gpu --confcutdir=tests/gpu -q -p no:cacheprovider 2>&1 | tail -4
 bench --model smollm2-135m --batch 32 --prompt-len 256 --max-tokens 512 --modes "async,sync$extra" \
-  --hf-cb-timeout 150 --json "$out/smollm2_bs32.json" | tail -6
+  --hf-cb-timeout 120 --json "$out/smollm2_bs32.json" | tail -6
 bench --model smollm2-135m --batch 256 --prompt-len 64 --max-tokens 128 --max-batched-tokens 4096 \
   --modes prepare,async,sync --json "$out/smollm2_bs256.json" | tail -7
 bench --model llama-3.2-1b --batch 32 --prompt-len 256 --max-tokens 512 --modes async,sync \
   --json "$out/llama1b_bs32.json" | tail -5
 bench --model llama-3.1-8b --batch 32 --prompt-len 256 --max-tokens 512 --modes "async,sync,hf$extra" \
-  --hf-cb-timeout 200 --json "$out/llama8b_bs32.json" | tail -9
+  --hf-cb-timeout 180 --json "$out/llama8b_bs32.json" | tail -9
 timeout 120 python3 -m replica.kernel_profile --model llama-3.1-8b --random-weights --phase prefill \
   --batch 8 --prompt-len 256 --json "$out/llama8b_prefill_profile.json" | head -14
