@@ -94,10 +94,19 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).unsqueeze(0)
 
 
+def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[tokens, kv_heads, D] -> [tokens, heads, D]. Fused SDPA kernels differ by torch release in
+    whether they take grouped heads; expanded heads run on all of them, for one copy of the chunk."""
+    groups = heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """A whole sequence in one chunk: plain causal attention over its own new keys and values."""
+    heads = q.shape[1]
+    k, v = _expand_heads(k, heads), _expand_heads(v, heads)
     out = F.scaled_dot_product_attention(
-        _heads_first(q), _heads_first(k), _heads_first(v), is_causal=True, scale=scale, enable_gqa=True
+        _heads_first(q), _heads_first(k.to(q.dtype)), _heads_first(v.to(q.dtype)), is_causal=True, scale=scale
     )
     return out[0].transpose(0, 1)
 
@@ -134,11 +143,9 @@ def prefill_attention(
     ctx, q_len = chunk.context_len, chunk.q_len
     block_size = k_cache.shape[1]
     table = chunk.block_table[: -(-ctx // block_size)]
-    groups = q.shape[1] // k_cache.shape[2]
-    # Keys and values expanded to the query heads: the memory-efficient kernel takes a mask but not
-    # grouped heads, and the expansion costs one copy of this sequence's context.
-    keys = _heads_first(k_cache[table].flatten(0, 1)[:ctx].repeat_interleave(groups, dim=1))
-    values = _heads_first(v_cache[table].flatten(0, 1)[:ctx].repeat_interleave(groups, dim=1))
+    heads = q.shape[1]
+    keys = _heads_first(_expand_heads(k_cache[table].flatten(0, 1)[:ctx], heads))
+    values = _heads_first(_expand_heads(v_cache[table].flatten(0, 1)[:ctx], heads))
     queries = _heads_first(q.to(keys.dtype))  # [1, heads, q_len, D]
     # Query i sits at position ctx - q_len + i and sees every key up to it. (A chunk that is the
     # whole context takes `causal_attention` instead: no cache read needed.)

@@ -82,7 +82,13 @@ async def _drive(engine: Engine, prompts, params) -> list[dict]:
             tokens.extend(out.token_ids)
         return {"sent": sent, "stamps": stamps, "tokens": tokens}
 
-    return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    # Every request is admitted before the first step, so async and sync start from the same batches.
+    engine.hold()
+    tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
+    while engine.open_streams < len(prompts):
+        await asyncio.sleep(0)
+    engine.release()
+    return await asyncio.gather(*tasks)
 
 
 def _summarise(mode: str, per_request: list[dict], wall: float, profile: dict) -> dict:

@@ -27,7 +27,7 @@ import torch
 from replica.block_manager import BlockManager
 from replica.config import EngineConfig
 from replica.detokenizer import IncrementalDetokenizer
-from replica.engine_core import EngineCore, _Abort, _Add
+from replica.engine_core import EngineCore, _Abort, _Add, _Hold
 from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError, PromptTooLongError
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
@@ -107,6 +107,19 @@ class Engine:
         return ids
 
     # ---- requests --------------------------------------------------------------------------------
+    def hold(self) -> None:
+        """Admit new requests but start no new step until `release` (benchmarks use it so that every
+        mode starts from the same first batch, whatever the thread timing)."""
+        self.core.inbox.put(_Hold(True))
+
+    def release(self) -> None:
+        self.core.inbox.put(_Hold(False))
+
+    @property
+    def open_streams(self) -> int:
+        """Requests admitted whose streams have not ended."""
+        return len(self._streams)
+
     @property
     def tokenizer(self):
         return self.loaded.tokenizer if self.loaded else None

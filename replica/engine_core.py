@@ -39,6 +39,11 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Hold:
+    on: bool  # True: admit requests but schedule nothing new until a _Hold(False)
+
+
 class EngineCore:
     def __init__(
         self, runner: ModelRunner, scheduler: Scheduler, eos_ids: set[int], mode: str, profile_history: int
@@ -55,6 +60,7 @@ class EngineCore:
         self._seqs: dict[str, tuple[Sequence, IncrementalDetokenizer | None, RequestMetrics]] = {}
         self._outbox: list[tuple[Sequence, object]] = []
         self._stopping = False
+        self._held = False
         self._finished_count = 0
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -62,7 +68,13 @@ class EngineCore:
         inflight: StepHandle | None = None
         idle_since = time.perf_counter()
         while not self._stopping:
-            self._drain_inbox(block=inflight is None and not self.scheduler.has_work())
+            self._drain_inbox(block=inflight is None and (self._held or not self.scheduler.has_work()))
+            if self._held:  # requests gather in the queue; the step in flight still completes
+                if inflight is not None:
+                    self._complete(inflight)
+                    inflight = None
+                    self._flush()
+                continue
             waited_ms = (time.perf_counter() - idle_since) * 1000.0
             t0 = time.perf_counter()
             plan = self.scheduler.schedule()
@@ -193,6 +205,8 @@ class EngineCore:
         elif isinstance(msg, _Add):
             self._seqs[msg.seq.request_id] = (msg.seq, msg.detokenizer, msg.metrics)
             self.scheduler.add(msg.seq)
+        elif isinstance(msg, _Hold):
+            self._held = msg.on
         elif isinstance(msg, _Abort):
             entry = self._seqs.get(msg.request_id)
             if entry is not None:

@@ -89,6 +89,10 @@ class ModelRunner:
         self._last_compute_done = None
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda":
+            # cuDNN's attention builds and compiles a plan for every new sequence length (hundreds of
+            # ms each time a prompt length is first seen); flash and memory-efficient kernels are
+            # compiled ahead. Process-wide, which suits a process that serves one engine.
+            torch.backends.cuda.enable_cudnn_sdp(False)
             # Weights, caches and buffers were written on the default stream; the step streams do not
             # wait for it, so finish that work before any of them reads the memory (a reused block
             # could otherwise still hold a previous engine's bytes).

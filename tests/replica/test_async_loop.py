@@ -65,3 +65,31 @@ async def test_async_launches_next_step_before_reading_previous():
     assert not any(p for _, _, p in sync_trace)
     assert outputs == sync_outputs
     assert all(len(o) == 12 for o in outputs)
+
+
+async def test_hold_admits_without_stepping_and_release_starts_one_batch():
+    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", max_num_batched_tokens=512))
+    await engine.start()
+    first_steps: list[int] = []
+    launch = engine.core.runner.launch
+
+    def traced_launch(plan):
+        first_steps.append(len(plan.items))
+        return launch(plan)
+
+    engine.core.runner.launch = traced_launch
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    try:
+        engine.hold()
+        prompts = ("One", "Two words", "Three more words")
+        tasks = [asyncio.create_task(collect(engine, p, params)) for p in prompts]
+        while engine.open_streams < 3:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.3)  # held: the engine must not have started a step
+        assert first_steps == []
+        engine.release()
+        results = await asyncio.gather(*tasks)
+    finally:
+        await engine.stop()
+    assert first_steps[0] == 3  # all three prompts in the first step
+    assert [len(r[0]) for r in results] == [3, 3, 3]
