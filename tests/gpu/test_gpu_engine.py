@@ -22,7 +22,10 @@ def _prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(100, vocab - 100, size=int(n)).tolist() for n in rng.integers(8, 300, size=count)]
 
 
-async def _generate_all(config: EngineConfig, prompts, max_tokens: list[int], sync_debug: bool = False):
+async def _generate_all(
+    config: EngineConfig, prompts, max_tokens: list[int], sync_debug: bool = False, together: bool = False
+):
+    """Staggered arrivals by default; `together`: every request is admitted before the first step."""
     engine = Engine(config)
     await engine.start()
     try:
@@ -32,13 +35,21 @@ async def _generate_all(config: EngineConfig, prompts, max_tokens: list[int], sy
             torch.cuda.set_sync_debug_mode("error")  # any implicit host-device sync now raises
 
         async def one(i: int) -> list[int]:
-            await asyncio.sleep(0.002 * (i % 5))
+            if not together:
+                await asyncio.sleep(0.002 * (i % 5))
             params = SamplingParams(max_tokens=max_tokens[i], temperature=0, ignore_eos=True)
             return [
                 t for out in [o async for o in engine.generate(prompts[i], params)] for t in out.token_ids
             ]
 
-        outputs = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+        if together:
+            engine.hold()
+        tasks = [asyncio.create_task(one(i)) for i in range(len(prompts))]
+        if together:
+            while engine.open_streams < len(prompts):
+                await asyncio.sleep(0)
+            engine.release()
+        outputs = await asyncio.gather(*tasks)
         graphed = engine.core.runner.graphs is not None
         stats = engine.stats()
         return outputs, graphed, stats, engine.profile_summary()
@@ -67,9 +78,13 @@ def test_triton_decode_matches_reference(heads, kv_heads, dim, dtype):
 
 
 def test_async_sync_and_eager_agree_and_graphs_are_used():
+    # Staggered arrivals make each run's batches and prompt chunks differ (timing decides them). In
+    # bf16 a different chunking rounds differently (flash prefill vs paged decode) and random weights
+    # leave near-ties that such last-bit differences flip; in float32 they do not, so any difference
+    # left is an ordering or buffer-reuse bug. The bf16 claim is checked below with equal batches.
     prompts = _prompts(12, 49152)
     max_tokens = [40, 8, 64, 33, 17, 50, 3, 29, 64, 12, 45, 20]
-    base = dict(model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=32)
+    base = dict(model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=32, dtype="float32")
     runs = {
         "async": EngineConfig(**base, mode="async"),
         "sync": EngineConfig(**base, mode="sync"),
@@ -84,6 +99,19 @@ def test_async_sync_and_eager_agree_and_graphs_are_used():
     assert results["async"][1] and not results["async-eager"][1]
     assert results["async-small-kv"][2].num_preemptions > 0
     assert all(r[2].kv_blocks_used == 0 for r in results.values())
+
+
+def test_bf16_async_equals_sync_on_the_same_batches():
+    prompts = _prompts(16, 49152, seed=7)
+    max_tokens = [48, 9, 64, 31, 17, 50, 3, 29, 64, 12, 45, 20, 33, 8, 60, 25]
+    base = dict(model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=32)
+    outputs = {
+        mode: asyncio.run(_generate_all(EngineConfig(**base, mode=mode), prompts, max_tokens, together=True))
+        for mode in ("async", "sync")
+    }
+    assert outputs["async"][0] == outputs["sync"][0]
+    assert [len(o) for o in outputs["async"][0]] == max_tokens
+    assert outputs["async"][1]  # graphs were used
 
 
 def test_float32_greedy_equals_transformers():
