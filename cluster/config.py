@@ -83,6 +83,16 @@ class AppConfig(_Frozen):
     queue_timeout_s: float = Field(default=60.0, gt=0, description="Longest wait in the fair queue.")
     first_token_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait for the first token.")
     token_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between streamed tokens.")
+    stream_interval_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Streamed outputs travel from the replica in batches at most this often (the first token "
+            "and the last always at once). 0 sends every step's token on its own; on a GPU replica with "
+            "many streams, 0.05 keeps the per-item cost of the Serve hops below the engine's token rate."
+        ),
+    )
     load_poll_interval_s: float = Field(default=1.0, gt=0, description="How often routers poll replica load.")
     max_body_bytes: int = Field(default=4_000_000, gt=0, description="Largest request body (413 beyond).")
     first_token_retries: int = Field(

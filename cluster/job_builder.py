@@ -57,7 +57,7 @@ class JobBuilder:
             SamplingParams(**sampling)  # validate here: a bad value is a 400 before any quota is taken
         except (ValueError, TypeError, OverflowError) as exc:
             raise BadRequest(str(exc)) from None
-        coalesce = 0.0 if body.stream else NON_STREAM_COALESCE_S
+        coalesce = self._cfg.stream_interval_s if body.stream else NON_STREAM_COALESCE_S
         return Job(request_id, tenant, tenant.sla_class, ids, sampling, coalesce)
 
     async def _check_context(self, prompt_tokens: int, max_tokens: int) -> None:
