@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -34,6 +34,27 @@ class Plan:
     scenario_drain_s: float = 15.0
     max_in_flight: int = 4096
     ready_timeout_s: float = 300.0
+    replicas: tuple[int, ...] = (1,)  # one cluster per count, in order; the scenarios run on the last
+    engine_estimate_tps: float | None = None  # given: no engine-alone run, this is its throughput
+    # Budget guesses for the phases still to come, so an earlier sweep leaves them their time.
+    ready_estimate_s: float = 60.0  # cluster start until /health, plus warm-up
+    stop_estimate_s: float = 15.0
+    min_rungs: int = 3  # rungs kept for each later replica count's sweep
+    # A later count's first rung: this share of (count / earlier count) × the earlier capacity, so
+    # two replicas do not climb again through the rungs one replica already served.
+    rescale_start: float = 0.5
+
+    def rung_s(self) -> float:
+        return self.sweep.step_duration_s + self.sweep.step_drain_s + 2
+
+    def scenarios_s(self) -> float:
+        return len(self.scenarios) * (self.scenario_s + self.scenario_drain_s + 4)
+
+    def reserve_after_sweep(self, index: int) -> float:
+        """Seconds the phases after the sweep of ``replicas[index]`` need: stops, later counts, scenarios."""
+        later = len(self.replicas) - 1 - index
+        one_count = self.ready_estimate_s + self.min_rungs * self.rung_s() + self.stop_estimate_s
+        return self.stop_estimate_s + later * one_count + self.scenarios_s()
 
 
 # GPU: 3 × 32 = 96 requests in flight for the overhead runs, under the router's room (128) and
@@ -64,6 +85,36 @@ SMOKE = Plan(
     scenario_drain_s=10.0,
     max_in_flight=256,
 )  # fmt: skip
+
+
+# Two GPUs, one and then two replicas, in a 330 s budget (about 7 minutes of device time with the
+# machine's start): the engine-alone figure comes from the one-GPU run (--engine-estimate-tps),
+# the sweeps start low with short rungs, the scenarios run once, on two replicas.
+GPU_X2 = replace(
+    GPU,
+    budget_s=330.0,
+    overhead_s=12.0,
+    sweep=GPU.sweep.model_copy(update={"step_duration_s": 8.0, "step_drain_s": 4.0}),
+    start_fraction=0.2,
+    scenario_s=25.0,
+    scenario_drain_s=10.0,
+    replicas=(1, 2),
+    ready_estimate_s=55.0,
+    stop_estimate_s=10.0,
+)
+# The same phases on the CPU: both replicas share the box's cores, so the "scaling" means nothing.
+SMOKE_X2 = replace(
+    SMOKE,
+    budget_s=330.0,
+    overhead_s=6.0,
+    sweep=SMOKE.sweep.model_copy(update={"step_duration_s": 6.0, "step_drain_s": 4.0, "max_steps": 3}),
+    scenario_s=8.0,
+    scenario_drain_s=6.0,
+    replicas=(1, 2),
+    ready_estimate_s=40.0,
+    stop_estimate_s=10.0,
+    min_rungs=2,
+)
 
 
 def effective_config(path: Path, workdir: Path) -> Path:

@@ -11,21 +11,47 @@ def _tps(v: float | None) -> str:
     return num(v, "{:,.1f}")
 
 
-def capacity_rows(results: dict) -> list[tuple[str, str]]:
-    cap = results.get("capacity")
-    if not cap:
-        return [("capacity, 1 replica", "not measured")]
+def one_capacity(label: str, cap: dict) -> list[tuple[str, str]]:
+    if "steps" not in cap:
+        return [(label, cap.get("skipped", "not measured"))]
     steps = cap["steps"]
     ladder = " → ".join(f"{s['achieved_rps']:.1f}" for s in steps)
     bound = "" if cap["saturated"] else " (not saturated: a lower bound)"
     value = f"{_tps(cap['capacity_rps'])} req/s, {_tps(cap['capacity_output_tps'])} out tok/s{bound}"
     return [
-        ("capacity, 1 replica (steady)", value),
+        (f"{label} (steady)", value),
         ("  sweep: achieved req/s per rung", ladder),
         ("  saturation", cap["reason"] or "none within the ladder"),
         ("  load generator CPU (max of rungs)", num(max((s["client_cpu"] for s in steps), default=None))),
-        ("capacity, 2 replicas / scaling factor", results.get("two_replicas", "blocked: one GPU lent")),
-    ]  # fmt: skip
+    ]
+
+
+def scaling_row(results: dict) -> tuple[str, str]:
+    sf = results.get("scaling_factor")
+    planned = results.get("plan", {}).get("replicas") or [1]
+    if sf:
+        n0, n1 = sf["from_replicas"], sf["to_replicas"]
+        bound = "" if sf["both_saturated"] else ", not both saturated: rough"
+        value = f"{sf['factor']:.2f}× (ideal {sf['ideal']:g}×, issue target ≥ 1.9× for 2{bound})"
+        return (f"scaling factor, {n1} replicas / {n0}", value)
+    if len(planned) < 2:
+        return ("capacity, 2 replicas / scaling factor", "not run (one replica count; --replicas 1,2)")
+    return ("scaling factor", "not measured (a count's sweep did not run)")
+
+
+def capacity_rows(results: dict) -> list[tuple[str, str]]:
+    by = results.get("capacity_by_replicas")
+    if by is None:  # results.json of a run before --replicas: one replica, one capacity
+        old = results.get("capacity")
+        rows = one_capacity("capacity, 1 replica", old) if old else [("capacity, 1 replica", "not measured")]
+        return [
+            *rows,
+            ("capacity, 2 replicas / scaling factor", results.get("two_replicas", "blocked: one GPU lent")),
+        ]
+    rows = []
+    for n, cap in sorted(by.items(), key=lambda kv: int(kv[0])):
+        rows += one_capacity(f"capacity, {n} replica{'s' if n != '1' else ''}", cap)
+    return [*(rows or [("capacity", "not measured")]), scaling_row(results)]
 
 
 def overhead_rows(results: dict) -> list[tuple[str, str]]:
@@ -33,8 +59,14 @@ def overhead_rows(results: dict) -> list[tuple[str, str]]:
     if not c:  # the engine alone or the cluster failed first
         return [("Serve path vs engine alone", "not measured")]
     shares = f"{pct(c['engine_output_share'])}, {pct(c['serve_output_share'])}"
+    earlier = (
+        "" if c.get("engine_source", "measured in this run") == "measured in this run" else " (earlier run)"
+    )
     return [
-        (f"engine alone, closed loop of {c['concurrency']}", f"{_tps(c['engine_output_tps'])} out tok/s"),
+        (
+            f"engine alone, closed loop of {c['concurrency']}{earlier}",
+            f"{_tps(c['engine_output_tps'])} out tok/s",
+        ),
         (f"Serve path, same {c['concurrency']} requests' shape", f"{_tps(c['serve_output_tps'])} out tok/s"),
         ("  throughput ratio Serve / engine", num(c["throughput_ratio"], "{:.3f}")),
         ("  TTFT p50 engine → Serve", f"{dur(c['engine_ttft_p50_s'])} → {dur(c['serve_ttft_p50_s'])}"),

@@ -1,89 +1,73 @@
 """The GPU cluster benchmark (issue 8) in one command; ``loadtest/device_cluster_run.sh`` wraps it.
 
     python3 -m loadtest.device_cluster_run --out DIR [--smoke] [--config APP.yaml] [--budget-s S]
+        [--replicas 1,2] [--engine-estimate-tps X]
 
 1. The engine alone (a child process, before the cluster takes the device): a closed loop of C
    requests of one fixed shape, straight into ``Engine.generate`` (``loadtest.engine_alone``).
-2. ``fairlane serve`` with the app config (a child process); wait for ``/health``.
-3. The same closed loop through HTTP, the router and the replica: the Serve-path overhead.
-4. The capacity sweep (``loadtest.capacity``): ``steady`` on a geometric ladder whose first rung
-   is a share of the capacity the engine-alone run suggests.
-5. ``noisy-neighbour`` and ``mixed-sla`` at 1.5 × that capacity (output tokens per second).
-6. Stop the cluster. DIR gets results.json (everything), table.txt (the table printed last),
-   logs.txt (serve and Serve log tails) and runs.tar.gz (each run's folder for ``fairlane report``).
+   With ``--engine-estimate-tps`` it is not run: X (an earlier run's figure) stands for it.
+2. For each replica count (``--replicas``, default 1): ``fairlane serve`` with the app config at
+   that ``num_replicas`` (a child process); wait until ``/health`` counts that many replicas; then
+   a. (first count only) the same closed loop through HTTP, the router and the replica: the
+      Serve-path overhead;
+   b. the capacity sweep (``loadtest.capacity``): ``steady`` on a geometric ladder whose first rung
+      is a share of the engine's capacity × the count (a later count: a share of the earlier
+      capacity scaled by the counts); ``scaling_factor`` = the last count's capacity / the first's;
+   c. (last count only) ``noisy-neighbour`` and ``mixed-sla`` at 1.5 × that capacity (output tok/s);
+   d. stop the cluster (and wait for the GPUs to be free) before the next count.
+3. DIR gets results.json (everything), table.txt (the table printed last), logs.txt (serve and
+   Serve log tails of each cluster) and runs.tar.gz (each run's folder for ``fairlane report``).
 
 Every phase checks the time budget first; a phase that no longer fits is skipped and says so.
+Two GPUs in 330 s (plan GPU_X2, chosen when more than one count is given):
+``--replicas 1,2 --engine-estimate-tps 9011.6 --budget-s 330``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from dataclasses import asdict, replace
-from importlib import metadata
 from pathlib import Path
 
-import httpx
 import yaml
 from rich.console import Console
 
 from loadtest.capacity import offered_output_tps, run_sweep
-from loadtest.cluster_bench_plan import GPU, SMOKE, Plan, at_load, closed_loop, effective_config
+from loadtest.cluster_bench_plan import (
+    GPU,
+    GPU_X2,
+    SMOKE,
+    SMOKE_X2,
+    Plan,
+    at_load,
+    closed_loop,
+    effective_config,
+)
+from loadtest.cluster_bench_steps import (
+    bundle,
+    engine_alone,
+    jsonable,
+    machine,
+    output_share,
+    serve_vs_engine,
+    wait_gpus_free,
+    warm_up,
+    with_replicas,
+)
 from loadtest.cluster_bench_table import bench_table
-from loadtest.run_dir import read_run_records, read_summary, write_run
+from loadtest.run_dir import write_run
 from loadtest.runner import run_scenario
 from loadtest.scenario import Scenario, load_scenario
-from loadtest.serve_process import REPO_ROOT, ServeProcess, free_port
-from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
+from loadtest.serve_process import ServeProcess, free_port
+from tenancy import DEMO_ADMIN_KEY
 
-
-def engine_alone(cfg: Path, sc: Scenario, runs: Path, timeout_s: float) -> dict:
-    """The engine-alone run in a child process: its memory and CUDA context are gone when it exits."""
-    spec = runs.parent / "closed-loop.json"
-    spec.write_text(sc.model_dump_json(), encoding="utf-8")
-    out = runs / "engine-alone"
-    cmd = [sys.executable, "-m", "loadtest.engine_alone", "--config", str(cfg), "--scenario", str(spec)]
-    subprocess.run([*cmd, "--out", str(out)], cwd=REPO_ROOT, check=True, timeout=timeout_s)
-    return read_summary(out)
-
-
-def output_share(run: Path) -> float | None:
-    """Output tokens / max_tokens over successful requests: below 1, some stopped early (EOS)."""
-    ok = [r for r in read_run_records(run) if r.ok]
-    asked = sum(r.max_tokens for r in ok)
-    return sum(r.output_tokens for r in ok) / asked if asked else None
-
-
-def serve_vs_engine(engine: dict, served: dict, concurrency: int) -> dict:
-    e, s = engine["overall"], served["overall"]
-    ratio = s["output_throughput_tps"] / e["output_throughput_tps"] if e["output_throughput_tps"] else None
-    return {
-        "concurrency": concurrency,
-        "engine_output_tps": e["output_throughput_tps"],
-        "serve_output_tps": s["output_throughput_tps"],
-        "throughput_ratio": ratio,
-        "engine_ttft_p50_s": e["ttft_s"]["p50"],
-        "serve_ttft_p50_s": s["ttft_s"]["p50"],
-        "engine_tpot_p50_s": e["tpot_s"]["p50"],
-        "serve_tpot_p50_s": s["tpot_s"]["p50"],
-        "engine_ok": e["ok"],
-        "serve_ok": s["ok"],
-    }
-
-
-def warm_up(url: str, model: str) -> None:
-    """A few requests so the first rung does not pay for the path's first use."""
-    body = {"model": model, "prompt": "the time of day", "max_tokens": 4, "temperature": 0.0}
-    headers = {"Authorization": f"Bearer {DEMO_KEYS['alice']}"}
-    for _ in range(3):
-        httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120).raise_for_status()
+ESTIMATE_SOURCE = "--engine-estimate-tps: an earlier engine-alone run's figure, not measured in this run"
 
 
 class Bench:
@@ -93,7 +77,8 @@ class Bench:
         self.plan, self.out, self.work = plan, out, workdir
         self.runs = workdir / "runs"
         self.t0 = time.monotonic()
-        self.results: dict = {"plan": _jsonable(asdict(plan)), "machine": machine()}
+        self.logs: list[str] = []
+        self.results: dict = {"plan": jsonable(asdict(plan)), "machine": machine()}
 
     def left(self) -> float:
         return self.plan.budget_s - (time.monotonic() - self.t0)
@@ -110,26 +95,65 @@ class Bench:
         p = self.plan
         cfg = effective_config(p.config, self.work)
         model = yaml.safe_load(cfg.read_text())["served_model_name"]
-        self.results["title"] = f"{p.config.name}, model {model}"
+        self.results["title"] = f"{p.config.name}, model {model}, replicas {','.join(map(str, p.replicas))}"
         self.results["app_config"] = yaml.safe_load(cfg.read_text())
+        self.results["capacity_by_replicas"] = {}
         loop = closed_loop(p, model)
-        self.log(f"engine alone: {3 * p.per_tenant} in flight, {p.prompt_words} in / {p.output_tokens} out")
-        engine = engine_alone(cfg, loop, self.runs, timeout_s=max(60.0, self.left() / 2))
-        self.results["engine_alone"] = engine["overall"]
+        engine = self.engine(cfg, loop)
+        for i, n in enumerate(p.replicas):
+            if self.left() < p.ready_estimate_s + p.rung_s() + p.stop_estimate_s:
+                note = f"skipped: {self.left():.0f}s of the budget left"
+                self.results["capacity_by_replicas"][str(n)] = {"skipped": note}
+                self.log(f"{n} replica(s): {note}")
+                continue
+            try:
+                self.cluster(i, n, cfg, model, loop, engine)
+            except Exception:  # a later count may still run (its cluster starts afresh)
+                self.results["error"] = traceback.format_exc()
+                self.results.setdefault("cluster_errors", {})[str(n)] = self.results["error"]
+                print(self.results["error"], file=sys.stderr, flush=True)
+        self.results["scaling_factor"] = scaling_factor(self.results["capacity_by_replicas"])
         self.save()
-        serve = ServeProcess(cfg, free_port(), self.work)
+
+    def engine(self, cfg: Path, loop: Scenario) -> dict:
+        """The engine-alone overall summary, or only the given estimate when there is one."""
+        p = self.plan
+        if p.engine_estimate_tps is not None:
+            self.log(f"engine alone: not run, {p.engine_estimate_tps:,.1f} out tok/s from an earlier run")
+            engine = {"output_throughput_tps": p.engine_estimate_tps, "source": ESTIMATE_SOURCE}
+        else:
+            self.log(
+                f"engine alone: {3 * p.per_tenant} in flight, {p.prompt_words} in / {p.output_tokens} out"
+            )
+            engine = engine_alone(cfg, loop, self.runs, timeout_s=max(60.0, self.left() / 2))["overall"]
+        self.results["engine_alone"] = engine
+        self.save()
+        return engine
+
+    def cluster(self, index: int, n: int, base_cfg: Path, model: str, loop: Scenario, engine: dict) -> None:
+        """One cluster of ``n`` replicas: start, overhead (first count), sweep, scenarios (last), stop."""
+        p = self.plan
+        home = self.work / f"r{n}"  # short: Ray's socket paths live under it
+        home.mkdir(parents=True, exist_ok=True)
+        serve = ServeProcess(with_replicas(base_cfg, n), free_port(), home)
         serve.start()
         try:
-            self.results["serve_ready_s"] = serve.wait_ready(min(p.ready_timeout_s, self.left()))
-            self.log(f"cluster ready at {serve.url} after {self.results['serve_ready_s']:.0f}s")
-            warm_up(serve.url, model)
-            self.served(serve.url, loop, engine)
-            self.sweep(serve.url, model, engine)
-            self.scenarios(serve.url, model)
+            ready = serve.wait_ready(min(p.ready_timeout_s, self.left()), min_replicas=n)
+            self.results.setdefault("serve_ready_s", {})[str(n)] = ready
+            self.log(f"cluster of {n} replica(s) ready at {serve.url} after {ready:.0f}s")
+            warm_up(serve.url, model, n)
+            if index == 0:
+                self.served(serve.url, loop, engine)
+            self.sweep(index, n, serve.url, model, engine["output_throughput_tps"])
+            if index == len(p.replicas) - 1:
+                self.scenarios(serve.url, model, self.results["capacity"]["capacity_output_tps"])
         finally:
-            self.log("stopping the cluster")
-            self.results["serve_exit_code"] = serve.stop()
-            (self.out / "logs.txt").write_text(serve.log_tails(), encoding="utf-8")
+            self.log(f"stopping the cluster of {n} replica(s)")
+            self.results.setdefault("serve_exit_code", {})[str(n)] = serve.stop()
+            self.logs.append(f"######## {n} replica(s)\n{serve.log_tails()}")
+            (self.out / "logs.txt").write_text("\n".join(self.logs), encoding="utf-8")
+            if index < len(p.replicas) - 1:
+                self.results.setdefault("gpus_free_wait_s", {})[str(n)] = wait_gpus_free(30.0)
             self.save()
 
     def served(self, url: str, loop: Scenario, engine: dict) -> None:
@@ -142,15 +166,24 @@ class Bench:
         self.results["serve_vs_engine"] = comparison
         self.save()
 
-    def sweep(self, url: str, model: str, engine: dict) -> None:
+    def first_rung_tps(self, n: int, estimate: float) -> tuple[float, str]:
+        """Output tok/s of the first rung for ``n`` replicas, and what it was derived from."""
         p = self.plan
-        estimate = engine["overall"]["output_throughput_tps"]
+        measured = [(int(k), c) for k, c in self.results["capacity_by_replicas"].items() if "steps" in c]
+        if measured:
+            k, c = measured[-1]
+            tps = p.rescale_start * n / k * c["capacity_output_tps"]
+            return tps, f"{p.rescale_start:g} × {n}/{k} × the {k}-replica capacity"
+        return p.start_fraction * n * estimate, f"{p.start_fraction:g} × {n} × the engine estimate"
+
+    def sweep(self, index: int, n: int, url: str, model: str, estimate: float) -> None:
+        p = self.plan
         steady_tps = offered_output_tps(load_scenario(p.sweep.scenario))
+        first_tps, basis = self.first_rung_tps(n, estimate)
         # The plan's start_scale is a floor: a first rung too slow to send a handful of requests is wasted.
-        start = max(p.sweep.start_scale, p.start_fraction * estimate / steady_tps)
+        start = max(p.sweep.start_scale, first_tps / steady_tps)
         rule = p.sweep.model_copy(update={"start_scale": start, "model": model})
-        reserve = len(p.scenarios) * (p.scenario_s + p.scenario_drain_s + 10) + 30
-        step_s = rule.step_duration_s + rule.step_drain_s + 5
+        reserve = p.reserve_after_sweep(index)
 
         def on_step(s) -> None:
             self.log(
@@ -160,15 +193,18 @@ class Bench:
                 f"{'; saturated: ' + s.saturated if s.saturated else ''}"
             )
 
-        self.log(f"capacity sweep from scale {start:.3g} (×{rule.factor:g} per rung)")
-        fits = lambda: self.left() > reserve + step_s  # noqa: E731
-        sweep_dir = self.runs / "sweep"
-        self.results["capacity"] = run_sweep(url, rule, sweep_dir, should_continue=fits, on_step=on_step)
+        self.log(
+            f"{n} replica(s): capacity sweep from scale {start:.3g} ({basis}; ×{rule.factor:g} per rung)"
+        )
+        fits = lambda: self.left() > reserve + p.rung_s()  # noqa: E731
+        cap = run_sweep(url, rule, self.runs / f"sweep-{n}r", should_continue=fits, on_step=on_step)
+        cap |= {"replicas": n, "first_rung_basis": basis}
+        self.results["capacity_by_replicas"][str(n)] = cap
+        self.results["capacity"] = cap  # the scenarios' capacity: the latest count's
         self.save()
 
-    def scenarios(self, url: str, model: str) -> None:
+    def scenarios(self, url: str, model: str, cap: float) -> None:
         p = self.plan
-        cap = self.results["capacity"]["capacity_output_tps"]
         self.results["scenarios"] = {}
         for name in p.scenarios:
             run: dict = {"load_factor": p.load_factor}
@@ -176,8 +212,9 @@ class Bench:
             if cap <= 0:
                 run["skipped"] = "skipped: no capacity measured"
                 continue
-            if self.left() < p.scenario_s + p.scenario_drain_s + 20:
+            if self.left() < p.scenario_s + p.scenario_drain_s + p.stop_estimate_s:
                 run["skipped"] = f"skipped: {self.left():.0f}s of the budget left"
+                self.log(f"{name}: {run['skipped']}")
                 continue
             time.sleep(2.0)  # the last rung's cancelled requests are aborted on the replica meanwhile
             scale = p.load_factor * cap / offered_output_tps(load_scenario(name))
@@ -190,37 +227,34 @@ class Bench:
             self.save()
 
 
-def machine() -> dict:
-    info = {"python": platform.python_version(), "cpus": _cpus()}
-    for pkg in ("torch", "transformers", "ray"):
-        try:
-            info[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            info[pkg] = None
-    if shutil.which("nvidia-smi"):
-        q = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
-        info["gpus"] = subprocess.run(q, capture_output=True, text=True, check=False).stdout.strip()
-    return info
+def scaling_factor(by_replicas: dict) -> dict | None:
+    """The last measured count's capacity over the first's, per replica added; None below two counts."""
+    measured = sorted((int(k), c) for k, c in by_replicas.items() if "steps" in c)
+    if len(measured) < 2 or measured[0][1]["capacity_output_tps"] <= 0:
+        return None
+    (n0, c0), (n1, c1) = measured[0], measured[-1]
+    return {
+        "from_replicas": n0,
+        "to_replicas": n1,
+        "factor": c1["capacity_output_tps"] / c0["capacity_output_tps"],
+        "ideal": n1 / n0,
+        "both_saturated": bool(c0["saturated"] and c1["saturated"]),
+    }
 
 
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
-
-
-def _jsonable(data: dict) -> dict:
-    return json.loads(json.dumps(data, default=str))
-
-
-def bundle(workdir: Path, out: Path, limit_bytes: int = 15 << 20) -> None:
-    """runs.tar.gz of every run folder; the sweep rungs' records go first when it would be too big."""
-    target = out / "runs.tar.gz"
-    for excludes in ((), ("--exclude=runs/sweep/*/records.jsonl",), ("--exclude=*/records.jsonl",)):
-        subprocess.run(["tar", "czf", str(target), *excludes, "runs"], cwd=workdir, check=False)
-        if target.exists() and target.stat().st_size <= limit_bytes:
-            return
-    target.unlink(missing_ok=True)
+def pick_plan(args: argparse.Namespace) -> Plan:
+    replicas = tuple(int(x) for x in args.replicas.split(",") if x.strip())
+    if not replicas or min(replicas) < 1:
+        raise SystemExit(f"--replicas {args.replicas!r}: counts ≥ 1, e.g. 1,2")
+    plans = (SMOKE_X2, GPU_X2) if len(replicas) > 1 else (SMOKE, GPU)
+    plan = plans[0] if args.smoke else plans[1]
+    return replace(
+        plan,
+        config=args.config or plan.config,
+        budget_s=args.budget_s or plan.budget_s,
+        replicas=replicas,
+        engine_estimate_tps=args.engine_estimate_tps,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,20 +263,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="SmolLM2 random weights on the CPU, tiny rates.")
     ap.add_argument("--config", type=Path, help="App config (default: gpu-8b.yaml, or cpu-smoke.yaml).")
     ap.add_argument("--budget-s", type=float, help="Time budget of the whole run in seconds.")
+    ap.add_argument("--replicas", default="1", help="Replica counts, one cluster each, e.g. 1,2 (two GPUs).")
+    ap.add_argument(
+        "--engine-estimate-tps",
+        type=float,
+        help="Skip the engine-alone run; its output tok/s from an earlier run.",
+    )
     args = ap.parse_args(argv)
-    plan = SMOKE if args.smoke else GPU
-    plan = replace(plan, config=args.config or plan.config, budget_s=args.budget_s or plan.budget_s)
+    plan = pick_plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="fl-bench-"))  # short: Ray's socket paths live under it
     bench = Bench(plan, args.out, workdir)
     code = 0
     try:
         bench.run()
+        code = 1 if bench.results.get("error") else 0
     except Exception:
         bench.results["error"] = traceback.format_exc()
         print(bench.results["error"], file=sys.stderr, flush=True)
         code = 1
     finally:
+        bench.results.setdefault(
+            "scaling_factor", scaling_factor(bench.results.get("capacity_by_replicas", {}))
+        )
         bench.save()
         bundle(workdir, args.out)
         console = Console(width=150, record=True)

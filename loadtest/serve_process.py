@@ -54,15 +54,15 @@ class ServeProcess:
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
             )
 
-    def wait_ready(self, timeout_s: float) -> float:
-        """Seconds until ``/health`` answered 200 with a replica; raises if the child died or timed out."""
+    def wait_ready(self, timeout_s: float, min_replicas: int = 1) -> float:
+        """Seconds until ``/health`` counts ``min_replicas`` replicas; raises if the child died or hung."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"fairlane serve exited early; see {self.log_path}")
             try:
                 r = httpx.get(f"{self.url}/health", timeout=2.0)
-                if r.status_code == 200 and r.json().get("replicas", 0) >= 1:
+                if r.status_code == 200 and r.json().get("replicas", 0) >= min_replicas:
                     return time.monotonic() - t0
             except (httpx.HTTPError, ValueError):
                 pass  # not listening yet
