@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -18,6 +15,7 @@ from rich.table import Table
 from cluster.bench_cli import bench_app
 from cluster.chaos_cli import chaos_app
 from cluster.config import AppConfig, load_app_config
+from cluster.drain import StopSignal
 from cluster.local_cluster import APP_NAME, free_port, local_cluster
 from tenancy import DEMO_KEYS
 
@@ -44,12 +42,12 @@ def serve_cmd(
     """Run the cluster until interrupted (default: local Ray, in-memory quotas, SmolLM2, port 8000)."""
     overrides = {} if port is None else {"port": port}
     cfg = load_app_config(config, overrides)
-    with local_cluster(cfg, address) as base_url:
+    stop = StopSignal()
+    # SIGTERM handling goes in between ray.init (which installs Ray's own, aborting handler) and
+    # Serve opening the port; leaving the block drains within cfg.drain_timeout_s.
+    with local_cluster(cfg, address, on_ray_up=stop.install) as base_url:
         console.print(f"fairlane serving [bold]{cfg.served_model_name}[/] at {base_url}/v1 (Ctrl-C to stop)")
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait()
+        stop.wait()
 
 
 @app.command()

@@ -10,9 +10,12 @@ when the last in-flight stream has finished.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import time
 from collections.abc import Callable
+from types import FrameType
 
 from ray.experimental import internal_kv
 
@@ -99,3 +102,33 @@ class RouterDrain:
                 await asyncio.to_thread(publish_held, self.app, self.router, self._held())
         except Exception as exc:  # the GCS restarting: keep the previous state, try at the next poll
             log.warning("drain flag poll failed: %s", exc)
+
+
+class StopSignal:
+    """SIGTERM to ``fairlane serve``: a request to drain and stop, kept for the main thread.
+
+    ``install`` must run after ``ray.init`` and before Serve opens its HTTP port. ``ray.init``
+    puts SIGTERM handlers of its own in the driver, last the core worker's C++ failure-signal
+    handler, which aborts the process: Ray's processes, started by it, go down with it, and every
+    in-flight stream is cut. Installed before ``ray.init``, ours is replaced; installed once the app
+    reports RUNNING, it leaves a window in which the port already serves but a SIGTERM aborts.
+    A SIGTERM during start-up is kept: the app drains (nothing in flight) as soon as it is up.
+    """
+
+    def __init__(self, poll_s: float = 0.1) -> None:
+        self.requested = False
+        self._poll_s = poll_s
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only a flag: the handler runs between the main thread's bytecodes, so a lock taken here
+        # (threading.Event.set) could be one that thread already holds, and deadlock.
+        self.requested = True
+
+    def wait(self) -> None:
+        """Block until SIGTERM or Ctrl-C (``poll_s`` latency: a sleep resumes after the handler)."""
+        with contextlib.suppress(KeyboardInterrupt):
+            while not self.requested:
+                time.sleep(self._poll_s)

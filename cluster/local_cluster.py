@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,18 @@ def deploy(config: AppConfig, name: str = APP_NAME) -> str:
 
 
 @contextlib.contextmanager
-def local_cluster(config: AppConfig, address: str | None = None) -> Iterator[str]:
-    """Ray + Serve + the app for the duration of the block; everything is shut down after."""
+def local_cluster(
+    config: AppConfig, address: str | None = None, on_ray_up: Callable[[], None] | None = None
+) -> Iterator[str]:
+    """Ray + Serve + the app for the duration of the block; everything is shut down after.
+
+    ``on_ray_up`` runs after ``ray.init`` and before Serve opens its port: the one moment a caller
+    can put its own signal handlers in place of Ray's before any request can arrive.
+    """
     start_ray(address)
     try:
+        if on_ray_up is not None:
+            on_ray_up()
         yield deploy(config)
         # Leaving the block normally (SIGTERM or Ctrl-C in ``fairlane serve``, the end of a demo):
         # stop admitting (503 + Retry-After) and let in-flight streams finish, within the drain time.
