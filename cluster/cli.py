@@ -129,8 +129,17 @@ def loadtest_cmd(
     from loadtest.commands import run_loadtest
 
     run_loadtest(
-        scenario, url, out, scale=scale, duration_s=duration, seed=seed, max_requests=max_requests,
-        replicas=replicas, admin_key=admin_key, window_s=window, console=console,
+        scenario,
+        url,
+        out,
+        scale=scale,
+        duration_s=duration,
+        seed=seed,
+        max_requests=max_requests,
+        replicas=replicas,
+        admin_key=admin_key,
+        window_s=window,
+        console=console,
     )
 
 

@@ -14,7 +14,7 @@ _DECOY = HASH_PREFIX + "0" * 64  # compared against when no stored hash matches,
 
 def parse_bearer(authorization: str | None) -> str | None:
     """The key of an ``Authorization: Bearer <key>`` header value, or None when absent or malformed."""
-    if not authorization or authorization[:len(_BEARER)].lower() != _BEARER:
+    if not authorization or authorization[: len(_BEARER)].lower() != _BEARER:
         return None
     key = authorization[len(_BEARER) :].strip()
     return key or None

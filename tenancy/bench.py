@@ -36,18 +36,41 @@ BENCH_KEY_SALT = "bench-salt-not-a-secret"  # the bench keys are placeholders; a
 def bench_config(tenants: int) -> TenancyConfig:
     """``tenants`` tenants over the three classes, with quotas high enough never to refuse."""
     classes = [("interactive", 0, 1.0, True), ("standard", 1, 5.0, True), ("batch", 2, 60.0, False)]
-    quotas = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "max_concurrent_requests": 10**6,
-              "max_tokens_per_request": 4096, "max_context_length": 8192}
-    return TenancyConfig.model_validate({
-        "sla_classes": [{"name": n, "priority_tier": t, "ttft_target_s": ttft, "tpot_target_s": 0.1,
-                         "e2e_target_s": 60.0, "may_preempt_lower_tiers": p} for n, t, ttft, p in classes],
-        "tenants": [{"id": f"t{i}", "display_name": f"T{i}",
-                     "api_key_hashes": [hash_api_key(f"k{i}", BENCH_KEY_SALT)],
-                     "weight": 1 + i % 4, "sla_class": classes[i % 3][0], "quotas": quotas}
-                    for i in range(tenants)],
-        "key_salt": BENCH_KEY_SALT,
-        "admin_key_hash": hash_api_key("admin", BENCH_KEY_SALT),
-    })
+    quotas = {
+        "requests_per_minute": 10**9,
+        "tokens_per_minute": 10**12,
+        "max_concurrent_requests": 10**6,
+        "max_tokens_per_request": 4096,
+        "max_context_length": 8192,
+    }
+    return TenancyConfig.model_validate(
+        {
+            "sla_classes": [
+                {
+                    "name": n,
+                    "priority_tier": t,
+                    "ttft_target_s": ttft,
+                    "tpot_target_s": 0.1,
+                    "e2e_target_s": 60.0,
+                    "may_preempt_lower_tiers": p,
+                }
+                for n, t, ttft, p in classes
+            ],
+            "tenants": [
+                {
+                    "id": f"t{i}",
+                    "display_name": f"T{i}",
+                    "api_key_hashes": [hash_api_key(f"k{i}", BENCH_KEY_SALT)],
+                    "weight": 1 + i % 4,
+                    "sla_class": classes[i % 3][0],
+                    "quotas": quotas,
+                }
+                for i in range(tenants)
+            ],
+            "key_salt": BENCH_KEY_SALT,
+            "admin_key_hash": hash_api_key("admin", BENCH_KEY_SALT),
+        }
+    )
 
 
 async def _one(manager: QuotaManager, queue: FairQueue, tenant_id: str, rid: str) -> None:
@@ -88,8 +111,9 @@ def _queue_only(config: TenancyConfig, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-async def _measure(make: Callable[[], Awaitable[QuotaManager]], config: TenancyConfig, n: int,
-                   concurrency: int) -> float:
+async def _measure(
+    make: Callable[[], Awaitable[QuotaManager]], config: TenancyConfig, n: int, concurrency: int
+) -> float:
     manager = await make()
     try:
         ids = [t.id for t in config.tenants]

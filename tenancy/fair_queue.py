@@ -103,8 +103,14 @@ class FairQueue:
         policy = self._policy(tenant_id)
         now = self._clock() if arrival is None else arrival
         return QueuedRequest(
-            request_id, tenant_id, policy.sla_class, policy.tier, prompt_tokens, max_tokens,
-            now, now + policy.ttft_target_s,
+            request_id,
+            tenant_id,
+            policy.sla_class,
+            policy.tier,
+            prompt_tokens,
+            max_tokens,
+            now,
+            now + policy.ttft_target_s,
         )
 
     def push(self, request: QueuedRequest) -> None:
@@ -192,8 +198,9 @@ class FairQueue:
     def snapshot(self) -> FairQueueSnapshot:
         """Per-tenant counters and depths, for metrics."""
         tenants = {
-            tid: TenantQueueStats(tid, ln.counter, len(ln.queue), ln.policy.weight, ln.policy.tier,
-                                  ln.policy.sla_class)
+            tid: TenantQueueStats(
+                tid, ln.counter, len(ln.queue), ln.policy.weight, ln.policy.tier, ln.policy.sla_class
+            )
             for tid, ln in self._lanes.items()
         }
         by_class: dict[str, int] = {p.sla_class: 0 for p in self._policies.values()}

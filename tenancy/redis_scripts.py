@@ -27,7 +27,9 @@ end
 # KEYS: rpm, tpm, conc, budget
 # ARGV: now, rpm_cap, tpm_cap, tokens, conc_max, lease_id, lease_expiry, budget (-1: none),
 #       budget_ttl_s, lease_ttl_ms
-ACQUIRE = _BUCKET_LIB + """
+ACQUIRE = (
+    _BUCKET_LIB
+    + """
 local now = tonumber(ARGV[1])
 local rpm_cap = tonumber(ARGV[2])
 local tpm_cap = tonumber(ARGV[3])
@@ -66,10 +68,13 @@ if reason == '' then
 end
 return {reason, tostring(retry), tostring(rl), tostring(tl), active, used}
 """
+)
 
 # KEYS: tpm, conc, budget
 # ARGV: now, tpm_cap, lease_id, refund (reserved - used; negative charges the excess)
-RELEASE = _BUCKET_LIB + """
+RELEASE = (
+    _BUCKET_LIB
+    + """
 if redis.call('ZREM', KEYS[2], ARGV[3]) == 0 then return 0 end
 local refund = tonumber(ARGV[4])
 if refund ~= 0 then
@@ -81,6 +86,7 @@ if refund ~= 0 then
 end
 return 1
 """
+)
 
 # KEYS: conc; ARGV: lease_id, new_expiry, lease_ttl_ms
 RENEW = """

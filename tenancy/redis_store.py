@@ -110,10 +110,16 @@ class RedisQuotaStore:
         day = day_of(now)
         rpm, tpm, conc, budget = self.keys(tenant_id, day)
         args = [
-            repr(now), limits.requests_per_minute, limits.tokens_per_minute, tokens, limits.max_concurrent,
-            lease_id, repr(now + self._lease_ttl),
+            repr(now),
+            limits.requests_per_minute,
+            limits.tokens_per_minute,
+            tokens,
+            limits.max_concurrent,
+            lease_id,
+            repr(now + self._lease_ttl),
             -1 if limits.daily_token_budget is None else limits.daily_token_budget,
-            2 * SECONDS_PER_DAY, math.ceil(self._lease_ttl * 1000),
+            2 * SECONDS_PER_DAY,
+            math.ceil(self._lease_ttl * 1000),
         ]
         try:
             async with asyncio.timeout(self._op_timeout):

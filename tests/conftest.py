@@ -1,4 +1,3 @@
 """Shared fixtures. Fixture modules live beside this file and are loaded as plugins."""
 
 pytest_plugins = ["tests.redis_server"]
-

@@ -62,8 +62,19 @@ class RedisProcess:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, wait_s: float = 5.0) -> RedisProcess:
-        cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", self._dir]
+        cmd = [
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir,
+        ]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + wait_s
         while not answers(self.url, 0.1):

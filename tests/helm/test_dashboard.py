@@ -52,8 +52,14 @@ def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar(all_options: Re
 
 def test_dashboard_has_the_required_panels(dashboard_on: Rendered) -> None:
     titles = " | ".join(p["title"] for p in _dashboard(dashboard_on)["panels"])
-    for needed in ("TTFT per tenant", "TPOT per tenant", "SLA attainment", "queue depth", "GPU busy",
-                   "KV cache usage"):
+    for needed in (
+        "TTFT per tenant",
+        "TPOT per tenant",
+        "SLA attainment",
+        "queue depth",
+        "GPU busy",
+        "KV cache usage",
+    ):
         assert needed in titles
 
 
@@ -72,11 +78,13 @@ def test_every_query_uses_exported_metrics_and_labels(dashboard_on: Rendered) ->
 
 
 @pytest.mark.parametrize("variant", ["default", "all-options"])
-def test_sla_attainment_uses_each_class_target_bucket(variant: str, dashboard_on: Rendered,
-                                                      all_options: Rendered) -> None:
+def test_sla_attainment_uses_each_class_target_bucket(
+    variant: str, dashboard_on: Rendered, all_options: Rendered
+) -> None:
     rendered = dashboard_on if variant == "default" else all_options
-    classes = (chart_defaults() if variant == "default" else ci_values("all-options-values.yaml"))[
-        "tenancy"]["sla_classes"]
+    classes = (chart_defaults() if variant == "default" else ci_values("all-options-values.yaml"))["tenancy"][
+        "sla_classes"
+    ]
     (expr,) = [e for e in _exprs(_dashboard(rendered)) if "fairlane_ttft_seconds_count" in e]
     for sla in classes:
         le = floatToGoString(float(sla["ttft_target_s"]))  # how prometheus_client writes the bucket label

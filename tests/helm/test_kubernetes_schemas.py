@@ -54,8 +54,12 @@ def test_built_in_objects_match_the_kubernetes_schema(rendered: Rendered, versio
 def test_ray_pod_templates_match_the_kubernetes_schema(rendered: Rendered, version: str) -> None:
     errors = []
     for where, template in rendered.pod_templates():
-        doc = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": where.replace(":", "-")},
-               "template": template}
+        doc = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": where.replace(":", "-")},
+            "template": template,
+        }
         errors += _k8s_errors(doc, version)
     assert errors == []
 
@@ -67,8 +71,9 @@ def test_strict_kubernetes_validation_rejects_unknown_fields(default: Rendered) 
     assert _k8s_errors(service, "1.30")
     template = copy.deepcopy(default.cluster["headGroupSpec"]["template"])
     template["spec"]["containers"][0]["resourcess"] = {}
-    assert _k8s_errors({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"},
-                        "template": template}, "1.30")
+    assert _k8s_errors(
+        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"}, "template": template}, "1.30"
+    )
 
 
 def test_rayservice_matches_kuberay_v1_fields(rendered: Rendered) -> None:

@@ -93,9 +93,20 @@ def test_every_values_yaml_key_is_in_the_schema() -> None:
     """Each key of values.yaml (outside lists and free-form Kubernetes objects) is declared in the schema."""
     schema = chart().schema
     assert schema is not None
-    free_form = {"resources", "nodeSelector", "affinity", "annotations", "labels", "podLabels",
-                 "podAnnotations", "rayStartParams", "podSecurityContext", "securityContext", "commonLabels",
-                 "api_key_hashes"}
+    free_form = {
+        "resources",
+        "nodeSelector",
+        "affinity",
+        "annotations",
+        "labels",
+        "podLabels",
+        "podAnnotations",
+        "rayStartParams",
+        "podSecurityContext",
+        "securityContext",
+        "commonLabels",
+        "api_key_hashes",
+    }
     missing = []
     for number, key, _ in _described_keys():
         node = schema

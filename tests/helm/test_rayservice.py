@@ -34,7 +34,10 @@ def test_gpu_worker_group_follows_values(variant: str) -> None:
     w = values["gpuWorkers"]
     assert group["groupName"] == w["groupName"]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (
-        w["replicas"], w["minReplicas"], w["maxReplicas"])
+        w["replicas"],
+        w["minReplicas"],
+        w["maxReplicas"],
+    )
     assert group["rayStartParams"]["num-gpus"] == str(w["gpusPerPod"])
     resources = _container(group["template"], "ray-worker")["resources"]
     assert resources["requests"]["nvidia.com/gpu"] == w["gpusPerPod"]
@@ -80,7 +83,8 @@ def test_gcs_fault_tolerance_uses_the_builtin_redis_and_its_secret(default: Rend
     assert statefulset["spec"]["serviceName"] == "fl-fairlane-redis-headless"
     assert default.has("Service", "fl-fairlane-redis-headless")
     assert set(service["spec"]["selector"].items()) <= set(
-        statefulset["spec"]["template"]["metadata"]["labels"].items())
+        statefulset["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 def test_external_redis_is_used_as_given(external: Rendered) -> None:
@@ -93,8 +97,9 @@ def test_external_redis_is_used_as_given(external: Rendered) -> None:
 
 
 def test_without_redis_quotas_are_in_memory_and_gcs_ft_is_off() -> None:
-    rendered = render({"redis": {"enabled": False}, "gcsFaultTolerance": {"enabled": False},
-                       "app": {"num_routers": 1}})
+    rendered = render(
+        {"redis": {"enabled": False}, "gcsFaultTolerance": {"enabled": False}, "app": {"num_routers": 1}}
+    )
     assert "gcsFaultToleranceOptions" not in rendered.cluster
     assert "redis_url" not in rendered.app_args
     assert "no Redis configured" in rendered.notes
@@ -168,8 +173,14 @@ def test_every_volume_mount_has_a_volume_and_every_reference_resolves(rendered: 
     existing = {"fairlane-tenant-keys"}  # the external-redis variant's tenancy.keys.existingSecret
     for where, template in rendered.pod_templates():
         volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
-        claims = {c["metadata"]["name"] for c in rendered.one("StatefulSet")["spec"].get(
-            "volumeClaimTemplates", [])} if where.startswith("StatefulSet") else set()
+        claims = (
+            {
+                c["metadata"]["name"]
+                for c in rendered.one("StatefulSet")["spec"].get("volumeClaimTemplates", [])
+            }
+            if where.startswith("StatefulSet")
+            else set()
+        )
         for c in template["spec"].get("initContainers", []) + template["spec"]["containers"]:
             for mount in c.get("volumeMounts", []):
                 assert mount["name"] in volumes or mount["name"] in claims, f"{where}/{c['name']}: {mount}"
@@ -198,25 +209,50 @@ def test_pod_annotations_change_when_tenants_change(default: Rendered) -> None:
         ({"gpuWorkers": {"replicas": 9}}, "gpuWorkers.replicas (9) must lie between"),
         ({"gpuWorkers": {"minReplicas": 3, "replicas": 2}}, "must lie between"),
         ({"app": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "max_replicas must be >="),
-        ({"app": {"autoscaling": {"max_replicas": 8}}},
-         "needs 8 GPUs but gpuWorkers.maxReplicas x gpusPerPod gives 4"),
-        ({"redis": {"enabled": False}, "gcsFaultTolerance": {"enabled": False}},
-         "num_routers > 1 needs Redis"),
+        (
+            {"app": {"autoscaling": {"max_replicas": 8}}},
+            "needs 8 GPUs but gpuWorkers.maxReplicas x gpusPerPod gives 4",
+        ),
+        (
+            {"redis": {"enabled": False}, "gcsFaultTolerance": {"enabled": False}},
+            "num_routers > 1 needs Redis",
+        ),
         ({"redis": {"enabled": False}, "app": {"num_routers": 1}}, "gcsFaultTolerance.enabled needs Redis"),
         ({"redis": {"enabled": False}, "externalRedis": {"host": "r"}}, "needs a Redis password Secret"),
         ({"tenancy": {"keys": {"api_key_hashes": DEMO_KEYS[1:]}}}, "tenant alice has no API key hash"),
-        ({"tenancy": {"keys": {"api_key_hashes": [*DEMO_KEYS, {"tenant": "eve", "hashes": [HASH]}]}}},
-         "eve is not a tenant in tenancy.tenants"),
-        ({"tenancy": {"keys": {"api_key_hashes": [*DEMO_KEYS, {"tenant": "bob", "hashes": [HASH]}]}}},
-         "tenant bob is listed twice"),
+        (
+            {"tenancy": {"keys": {"api_key_hashes": [*DEMO_KEYS, {"tenant": "eve", "hashes": [HASH]}]}}},
+            "eve is not a tenant in tenancy.tenants",
+        ),
+        (
+            {"tenancy": {"keys": {"api_key_hashes": [*DEMO_KEYS, {"tenant": "bob", "hashes": [HASH]}]}}},
+            "tenant bob is listed twice",
+        ),
         ({"tenancy": {"keys": {"admin_key_hash": ""}}}, "tenancy.keys.admin_key_hash"),
         ({"tenancy": {"keys": {"key_salt": ""}}}, "tenancy.keys.key_salt"),
-        ({"tenancy": {"tenants": [{"id": "t", "display_name": "T", "weight": 1, "sla_class": "gold",
-                                   "quotas": {"requests_per_minute": 1, "tokens_per_minute": 1,
-                                              "max_concurrent_requests": 1, "max_tokens_per_request": 1,
-                                              "max_context_length": 1}}],
-                      "keys": {"api_key_hashes": [{"tenant": "t", "hashes": [HASH]}]}}},
-         "unknown sla_class gold"),
+        (
+            {
+                "tenancy": {
+                    "tenants": [
+                        {
+                            "id": "t",
+                            "display_name": "T",
+                            "weight": 1,
+                            "sla_class": "gold",
+                            "quotas": {
+                                "requests_per_minute": 1,
+                                "tokens_per_minute": 1,
+                                "max_concurrent_requests": 1,
+                                "max_tokens_per_request": 1,
+                                "max_context_length": 1,
+                            },
+                        }
+                    ],
+                    "keys": {"api_key_hashes": [{"tenant": "t", "hashes": [HASH]}]},
+                }
+            },
+            "unknown sla_class gold",
+        ),
     ],
 )
 def test_inconsistent_values_fail_the_render_with_a_clear_message(values: dict, message: str) -> None:

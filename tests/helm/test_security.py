@@ -78,8 +78,9 @@ def test_secrets_never_appear_outside_secrets(rendered: Rendered) -> None:
         leaked = [s for s in secrets if s in text]
         assert leaked == [], f"{doc['kind']} {doc['metadata']['name']}"
     for where, container, _ in rendered.containers():
-        assert all(s not in " ".join(container.get("args", []) + container.get("command", []))
-                   for s in secrets), where
+        assert all(
+            s not in " ".join(container.get("args", []) + container.get("command", [])) for s in secrets
+        ), where
 
 
 def test_given_redis_password_is_used_and_only_in_its_secret(all_options: Rendered) -> None:

@@ -81,11 +81,15 @@ def _schema_fields(node: dict, schema: dict) -> set[str]:
 
 @pytest.mark.parametrize(
     ("path", "model", "owned"),
-    [(("app",), AppConfig, CHART_OWNED), (("app", "engine"), EngineSettings, set()),
-     (("app", "autoscaling"), AutoscalingSettings, set())],
+    [
+        (("app",), AppConfig, CHART_OWNED),
+        (("app", "engine"), EngineSettings, set()),
+        (("app", "autoscaling"), AutoscalingSettings, set()),
+    ],
 )
-def test_values_schema_mirrors_app_config_fields(path: tuple[str, ...], model: type[BaseModel],
-                                                 owned: set[str]) -> None:
+def test_values_schema_mirrors_app_config_fields(
+    path: tuple[str, ...], model: type[BaseModel], owned: set[str]
+) -> None:
     """Every AppConfig field is settable from values, except the four the chart owns, and nothing else."""
     schema = chart().schema
     assert schema is not None
@@ -104,9 +108,13 @@ def test_chart_owned_fields_cannot_be_set_in_values(field: str) -> None:
 
 def test_field_limits_match_app_config() -> None:
     """The schema's limits agree with AppConfig's: a value one side rejects, the other does too."""
-    cases = [({"num_replicas": 0}, "num_replicas"), ({"default_max_tokens": 0}, "default_max_tokens"),
-             ({"autoscaling": {"target_ongoing_requests": 0}}, "target_ongoing_requests"),
-             ({"engine": {"max_model_len": 1}}, "max_model_len"), ({"replica_room": 0}, "replica_room")]
+    cases = [
+        ({"num_replicas": 0}, "num_replicas"),
+        ({"default_max_tokens": 0}, "default_max_tokens"),
+        ({"autoscaling": {"target_ongoing_requests": 0}}, "target_ongoing_requests"),
+        ({"engine": {"max_model_len": 1}}, "max_model_len"),
+        ({"replica_room": 0}, "replica_room"),
+    ]
     for app, field in cases:
         with pytest.raises(helm_python.HelmValuesError, match=field):
             render({"app": app})

@@ -43,7 +43,8 @@ def _sources(rendered: Rendered) -> tuple[dict, dict]:
     config_map = rendered.one("ConfigMap", volumes["tenancy-src"]["configMap"]["name"])
     keys_secret = volumes["tenancy-keys"]["secret"]["secretName"]
     return yaml.safe_load(config_map["data"]["tenancy.yaml"]), yaml.safe_load(
-        rendered.secret_data(keys_secret)["keys.yaml"])
+        rendered.secret_data(keys_secret)["keys.yaml"]
+    )
 
 
 def test_default_chart_serves_exactly_the_demo_tenancy(default: Rendered) -> None:
@@ -83,9 +84,11 @@ def test_salt_lives_in_the_keys_secret(default: Rendered, all_options: Rendered)
 def test_overriding_keys_replaces_the_demo_keys_entirely() -> None:
     """Helm merges maps but replaces lists: the demo keys must not survive next to a user's keys."""
     salt = "my-own-secret-salt-0042"
-    mine = [{"tenant": "alice", "hashes": [hash_api_key("sk-mine", salt)]},
-            {"tenant": "bob", "hashes": [hash_api_key("sk-bob", salt)]},
-            {"tenant": "carol", "hashes": [hash_api_key("sk-carol", salt)]}]
+    mine = [
+        {"tenant": "alice", "hashes": [hash_api_key("sk-mine", salt)]},
+        {"tenant": "bob", "hashes": [hash_api_key("sk-bob", salt)]},
+        {"tenant": "carol", "hashes": [hash_api_key("sk-carol", salt)]},
+    ]
     keys = {"key_salt": salt, "api_key_hashes": mine, "admin_key_hash": hash_api_key("sk-adm", salt)}
     rendered = render({"tenancy": {"keys": keys}})
     config, keys = _sources(rendered)
@@ -101,8 +104,14 @@ def test_init_container_script_end_to_end(all_options: Rendered, tmp_path: Path)
     (tmp_path / "tenancy.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
     out = tmp_path / "tenants.yaml"
-    argv = ["--config", str(tmp_path / "tenancy.yaml"), "--keys", str(tmp_path / "keys.yaml"),
-            "--out", str(out)]
+    argv = [
+        "--config",
+        str(tmp_path / "tenancy.yaml"),
+        "--keys",
+        str(tmp_path / "keys.yaml"),
+        "--out",
+        str(out),
+    ]
     module = _merge_module()
     assert module.main(argv) == 0
     assert stat.S_IMODE(out.stat().st_mode) == 0o440
@@ -113,30 +122,62 @@ def test_init_container_script_end_to_end(all_options: Rendered, tmp_path: Path)
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        ({"key_salt": CI_SALT, "admin_key_hash": H + "a" * 64, "api_key_hashes": {}},
-         "tenant 'acme' has no api_key_hashes"),
-        ({"key_salt": CI_SALT, "admin_key_hash": H + "a" * 64,
-          "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64],
-                             "ghost": [H + "d" * 64]}}, "unknown tenants: ghost"),
-        ({"key_salt": CI_SALT, "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]}},
-         "no admin_key_hash"),
-        ({"admin_key_hash": H + "a" * 64,
-          "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]}}, "no key_salt"),
-        ({"key_salt": CI_SALT, "admin_key_hash": H + "a" * 64,
-          "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "b" * 64]}}, "duplicate"),
-        ({"key_salt": CI_SALT, "admin_key_hash": "sha256:" + "a" * 64,
-          "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]}},
-         "admin_key_hash: plain 'sha256:' key hashes are no longer accepted"),
+        (
+            {"key_salt": CI_SALT, "admin_key_hash": H + "a" * 64, "api_key_hashes": {}},
+            "tenant 'acme' has no api_key_hashes",
+        ),
+        (
+            {
+                "key_salt": CI_SALT,
+                "admin_key_hash": H + "a" * 64,
+                "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64], "ghost": [H + "d" * 64]},
+            },
+            "unknown tenants: ghost",
+        ),
+        (
+            {"key_salt": CI_SALT, "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]}},
+            "no admin_key_hash",
+        ),
+        (
+            {
+                "admin_key_hash": H + "a" * 64,
+                "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]},
+            },
+            "no key_salt",
+        ),
+        (
+            {
+                "key_salt": CI_SALT,
+                "admin_key_hash": H + "a" * 64,
+                "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "b" * 64]},
+            },
+            "duplicate",
+        ),
+        (
+            {
+                "key_salt": CI_SALT,
+                "admin_key_hash": "sha256:" + "a" * 64,
+                "api_key_hashes": {"acme": [H + "b" * 64], "globex": [H + "c" * 64]},
+            },
+            "admin_key_hash: plain 'sha256:' key hashes are no longer accepted",
+        ),
     ],
 )
-def test_init_container_stops_the_pod_on_bad_keys(all_options: Rendered, tmp_path: Path, keys: dict,
-                                                  message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_init_container_stops_the_pod_on_bad_keys(
+    all_options: Rendered, tmp_path: Path, keys: dict, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, _ = _sources(all_options)
     (tmp_path / "tenancy.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
     out = tmp_path / "tenants.yaml"
-    argv = ["--config", str(tmp_path / "tenancy.yaml"), "--keys", str(tmp_path / "keys.yaml"),
-            "--out", str(out)]
+    argv = [
+        "--config",
+        str(tmp_path / "tenancy.yaml"),
+        "--keys",
+        str(tmp_path / "keys.yaml"),
+        "--out",
+        str(out),
+    ]
     assert _merge_module().main(argv) == 1
     assert message in capsys.readouterr().err
     assert not out.exists()
@@ -166,10 +207,20 @@ def test_key_volumes_are_private_and_in_memory(rendered: Rendered) -> None:
 
 
 def test_keys_go_in_the_secret_not_in_tenants() -> None:
-    tenant = {"id": "t", "display_name": "T", "weight": 1, "sla_class": "batch",
-              "api_key_hashes": [H + "1" * 64],
-              "quotas": {"requests_per_minute": 1, "tokens_per_minute": 1, "max_concurrent_requests": 1,
-                         "max_tokens_per_request": 1, "max_context_length": 1}}
+    tenant = {
+        "id": "t",
+        "display_name": "T",
+        "weight": 1,
+        "sla_class": "batch",
+        "api_key_hashes": [H + "1" * 64],
+        "quotas": {
+            "requests_per_minute": 1,
+            "tokens_per_minute": 1,
+            "max_concurrent_requests": 1,
+            "max_tokens_per_request": 1,
+            "max_context_length": 1,
+        },
+    }
     with pytest.raises(helm_python.HelmValuesError, match="api_key_hashes"):
         render({"tenancy": {"tenants": [tenant]}})
 
@@ -190,8 +241,9 @@ def test_short_salt_is_refused_by_the_schema() -> None:
         render({"tenancy": {"keys": {"key_salt": "too-short"}}})
 
 
-def test_notes_warn_about_the_public_demo_keys(default: Rendered, all_options: Rendered,
-                                               external: Rendered) -> None:
+def test_notes_warn_about_the_public_demo_keys(
+    default: Rendered, all_options: Rendered, external: Rendered
+) -> None:
     assert "PUBLIC demo key" in default.notes and "PUBLIC demo salt" in default.notes
     assert "PUBLIC demo key" not in all_options.notes and "PUBLIC demo salt" not in all_options.notes
     assert "PUBLIC demo key" not in external.notes and "PUBLIC demo salt" not in external.notes

@@ -41,8 +41,22 @@ def test_good_values_pass(values: str | None) -> None:
         ({"ingress": {"hosts": [{"host": "a", "paths": [{"path": "v1", "pathType": "Prefix"}]}]}}, "path"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
         ({"tenancy": {"sla_classes": []}}, "/tenancy/sla_classes"),
-        ({"tenancy": {"sla_classes": [{"name": "Gold", "priority_tier": 0, "ttft_target_s": 1,
-                                       "tpot_target_s": 1, "e2e_target_s": 1}]}}, "name"),
+        (
+            {
+                "tenancy": {
+                    "sla_classes": [
+                        {
+                            "name": "Gold",
+                            "priority_tier": 0,
+                            "ttft_target_s": 1,
+                            "tpot_target_s": 1,
+                            "e2e_target_s": 1,
+                        }
+                    ]
+                }
+            },
+            "name",
+        ),
         ({"tenancy": {"fair_share": {"at_risk_margin_fraction": 2}}}, "at_risk_margin_fraction"),
         ({"autoscaler": {"upscalingMode": "Fast"}}, "/autoscaler/upscalingMode"),
         ({"fullnameOverride": "x" * 41}, "/fullnameOverride"),

@@ -47,12 +47,30 @@ def tenant(tid: str, sla: str = "standard", weight: float = 1.0, **quota_overrid
 
 def sla_classes() -> list[dict[str, Any]]:
     return [
-        {"name": "interactive", "priority_tier": 0, "ttft_target_s": 1.0, "tpot_target_s": 0.1,
-         "e2e_target_s": 30.0, "may_preempt_lower_tiers": True},
-        {"name": "standard", "priority_tier": 1, "ttft_target_s": 5.0, "tpot_target_s": 0.2,
-         "e2e_target_s": 120.0, "may_preempt_lower_tiers": True},
-        {"name": "batch", "priority_tier": 2, "ttft_target_s": 60.0, "tpot_target_s": 1.0,
-         "e2e_target_s": 3600.0, "may_preempt_lower_tiers": False},
+        {
+            "name": "interactive",
+            "priority_tier": 0,
+            "ttft_target_s": 1.0,
+            "tpot_target_s": 0.1,
+            "e2e_target_s": 30.0,
+            "may_preempt_lower_tiers": True,
+        },
+        {
+            "name": "standard",
+            "priority_tier": 1,
+            "ttft_target_s": 5.0,
+            "tpot_target_s": 0.2,
+            "e2e_target_s": 120.0,
+            "may_preempt_lower_tiers": True,
+        },
+        {
+            "name": "batch",
+            "priority_tier": 2,
+            "ttft_target_s": 60.0,
+            "tpot_target_s": 1.0,
+            "e2e_target_s": 3600.0,
+            "may_preempt_lower_tiers": False,
+        },
     ]
 
 

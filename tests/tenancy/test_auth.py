@@ -40,8 +40,13 @@ def test_admin_key_is_not_a_tenant_key(auth: Authenticator) -> None:
 
 @pytest.mark.parametrize(
     ("header", "key"),
-    [("Bearer sk-1", "sk-1"), ("bearer  sk-2 ", "sk-2"), ("Basic abc", None), (None, None),
-     ("Bearer ", None)],
+    [
+        ("Bearer sk-1", "sk-1"),
+        ("bearer  sk-2 ", "sk-2"),
+        ("Basic abc", None),
+        (None, None),
+        ("Bearer ", None),
+    ],
 )
 def test_parse_bearer(header: str | None, key: str | None) -> None:
     assert parse_bearer(header) == key

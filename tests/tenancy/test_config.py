@@ -58,8 +58,10 @@ def test_load_round_trip(tmp_path: Path) -> None:
         (lambda d: d["tenants"][0]["quotas"].update(burst=3), "tenants.0.quotas.burst"),
         (lambda d: d["tenants"][0].update(api_key_hashes=["sk-plaintext"]), "tenants.0.api_key_hashes.0"),
         (lambda d: d["tenants"].append(tenant("a")), "tenants.2.id"),
-        (lambda d: d["tenants"][1].update(api_key_hashes=d["tenants"][0]["api_key_hashes"]),
-         "api_key_hashes"),
+        (
+            lambda d: d["tenants"][1].update(api_key_hashes=d["tenants"][0]["api_key_hashes"]),
+            "api_key_hashes",
+        ),
         (lambda d: d["sla_classes"].append(dict(d["sla_classes"][0])), "sla_classes.3.name"),
         (lambda d: d.update(admin_key_hash=d["tenants"][0]["api_key_hashes"][0]), "admin_key_hash"),
         (lambda d: d["tenants"][0]["quotas"].update(max_tokens_per_request=5000), "max_tokens_per_request"),

@@ -16,13 +16,15 @@ from tests.tenancy.helpers import FakeClock, make_config, tenant
 
 
 def policy(tier: int = 1, weight: float = 1.0, ttft: float = 5.0, preempt: bool = True) -> TenantPolicy:
-    return TenantPolicy(weight=weight, tier=tier, sla_class=f"c{tier}", ttft_target_s=ttft,
-                        may_preempt=preempt)
+    return TenantPolicy(
+        weight=weight, tier=tier, sla_class=f"c{tier}", ttft_target_s=ttft, may_preempt=preempt
+    )
 
 
 def queue(clock: FakeClock | None = None, **policies: TenantPolicy) -> FairQueue:
-    settings = FairShareSettings(max_queue_per_tenant=4, max_queue_total=6, at_risk_margin_s=0.0,
-                                 at_risk_margin_fraction=0.0)
+    settings = FairShareSettings(
+        max_queue_per_tenant=4, max_queue_total=6, at_risk_margin_s=0.0, at_risk_margin_fraction=0.0
+    )
     return FairQueue(policies, settings, clock or FakeClock(0.0))
 
 

@@ -42,8 +42,9 @@ class Trace:
 
 
 @st.composite
-def traces(draw: st.DrawFn, tiers: tuple[int, ...] = (1,), weights: tuple[float, ...] = (1.0,),
-           max_round: int = 12) -> Trace:
+def traces(
+    draw: st.DrawFn, tiers: tuple[int, ...] = (1,), weights: tuple[float, ...] = (1.0,), max_round: int = 12
+) -> Trace:
     l_in = draw(st.integers(1, 48))
     m = draw(st.integers(l_in + 16, 160))
     policies: dict[str, TenantPolicy] = {}
@@ -56,8 +57,15 @@ def traces(draw: st.DrawFn, tiers: tuple[int, ...] = (1,), weights: tuple[float,
     for tid in policies:
         for _ in range(draw(st.integers(1, 25))):
             max_tokens = draw(st.integers(1, 16))
-            reqs.append(Req(tid, draw(st.integers(0, l_in)), max_tokens, draw(st.integers(0, max_tokens)),
-                            draw(st.integers(0, max_round))))
+            reqs.append(
+                Req(
+                    tid,
+                    draw(st.integers(0, l_in)),
+                    max_tokens,
+                    draw(st.integers(0, max_tokens)),
+                    draw(st.integers(0, max_round)),
+                )
+            )
     return Trace(policies, reqs, l_in, m)
 
 
@@ -157,8 +165,9 @@ def test_no_request_lost_or_served_twice(trace: Trace) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["push", "pop", "remove", "charge"]), st.integers(0, 5)),
-                max_size=120))
+@given(
+    st.lists(st.tuples(st.sampled_from(["push", "pop", "remove", "charge"]), st.integers(0, 5)), max_size=120)
+)
 def test_random_operations_keep_every_request_exactly_once(ops: list[tuple[str, int]]) -> None:
     policies = {f"t{i}": TenantPolicy(1.0 + i, i % 2, f"c{i % 2}", 1.0, True) for i in range(3)}
     clock = FakeClock(0.0)

@@ -19,13 +19,22 @@ from tests.tenancy.helpers import FakeClock, make_config, tenant
 
 CONFIG = make_config(
     tenant("small", requests_per_minute=3, tokens_per_minute=600, max_concurrent_requests=2),
-    tenant("budget", requests_per_minute=100, tokens_per_minute=100_000, daily_token_budget=1000,
-           max_concurrent_requests=50),
+    tenant(
+        "budget",
+        requests_per_minute=100,
+        tokens_per_minute=100_000,
+        daily_token_budget=1000,
+        max_concurrent_requests=50,
+    ),
     tenant("big", requests_per_minute=1000, tokens_per_minute=1_000_000, max_concurrent_requests=100),
 )
 HEADER_NAMES = {
-    "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
-    "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
 }
 
 

@@ -7,8 +7,17 @@ from tenancy import RateLimitState, format_reset, ratelimit_headers
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0ms"), (0.0171, "18ms"), (1, "1s"), (8.64, "8.64s"), (59.9991, "1m0s"), (360, "6m0s"),
-     (88.8, "1m28.8s"), (3723, "1h2m3s"), (-5, "0ms")],
+    [
+        (0, "0ms"),
+        (0.0171, "18ms"),
+        (1, "1s"),
+        (8.64, "8.64s"),
+        (59.9991, "1m0s"),
+        (360, "6m0s"),
+        (88.8, "1m28.8s"),
+        (3723, "1h2m3s"),
+        (-5, "0ms"),
+    ],
 )
 def test_format_reset_like_openai(seconds: float, text: str) -> None:
     assert format_reset(seconds) == text

@@ -41,8 +41,12 @@ async def test_two_routers_share_concurrency(redis_url: str, redis_prefix: str) 
     clock = FakeClock()
     a = QuotaManager(CONFIG, store(redis_url, redis_prefix, clock), clock=clock)
     b = QuotaManager(CONFIG, store(redis_url, redis_prefix, clock), clock=clock)
-    leases = [await a.admit("acme", 1, 1), await b.admit("acme", 1, 1), await a.admit("acme", 1, 1),
-              await b.admit("acme", 1, 1)]
+    leases = [
+        await a.admit("acme", 1, 1),
+        await b.admit("acme", 1, 1),
+        await a.admit("acme", 1, 1),
+        await b.admit("acme", 1, 1),
+    ]
     with pytest.raises(QuotaExceeded) as info:
         await a.admit("acme", 1, 1)
     assert info.value.reason == "concurrency"
@@ -102,8 +106,9 @@ def test_processes_with_real_clock_stay_within_one_refill(redis_url: str, redis_
 async def test_outage_degrades_to_local_limits_then_reconnects() -> None:
     server = RedisProcess().start()
     clock = FakeClock()
-    s = RedisQuotaStore.from_url(server.url, prefix="outage", clock=clock, op_timeout=0.1,
-                                 retry_interval=5.0, fallback_fraction=0.5)
+    s = RedisQuotaStore.from_url(
+        server.url, prefix="outage", clock=clock, op_timeout=0.1, retry_interval=5.0, fallback_fraction=0.5
+    )
     manager = QuotaManager(CONFIG, s, clock=clock)
     try:
         shared = await manager.admit("acme", 1, 1)
