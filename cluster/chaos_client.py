@@ -90,11 +90,13 @@ async def fill_record(
 async def _refused(rec: ClientRecord, resp: httpx.Response) -> None:
     body = await resp.aread()
     rec.retry_after = resp.headers.get("retry-after")
-    rec.ending = "rejected" if resp.status_code == 429 else "errored"
     try:
         rec.code = json.loads(body)["error"]["code"]
     except (ValueError, KeyError, TypeError):
         rec.code = f"http_{resp.status_code}"
+    # Refusals that ask the client to come back: over quota or queue (429), or a draining router (503).
+    refused = resp.status_code == 429 or (resp.status_code == 503 and rec.code == "draining")
+    rec.ending = "rejected" if refused else "errored"
 
 
 async def _read_events(rec: ClientRecord, resp: httpx.Response, drop_after: int | None) -> None:

@@ -170,7 +170,8 @@ class Ingress:
         request_id = uuid.uuid4().hex
         try:
             tenant = self._tenant(request)
-            if self.drain.draining:
+            if self.drain.draining:  # counted like any refusal: sent = completed + rejected + ...
+                self.core.metrics.observe_rejection(tenant.id, tenant.sla_class, "draining")
                 raise Draining(int(self.cfg.drain_timeout_s) or 1)
             job = await self.jobs.build(request_id, tenant, body)
             if self.cfg.log_request_text:  # operators only: text stays out of logs by default

@@ -85,10 +85,10 @@ class ClusterMetrics:
 
     def observe_end(self, t: RequestTiming) -> None:
         labels = (t.tenant_id, t.sla_class)
-        self.requests.labels(*labels, t.outcome or "error").inc()
         if t.outcome == "rejected":
-            self.rejections.labels(*labels, t.reason or "unknown").inc()
+            self.observe_rejection(t.tenant_id, t.sla_class, t.reason or "unknown")
             return
+        self.requests.labels(*labels, t.outcome or "error").inc()
         self.prompt_tokens.labels(*labels).inc(t.prompt_tokens)
         for hist, value in (
             (self.ttft, t.ttft),
@@ -98,6 +98,11 @@ class ClusterMetrics:
         ):
             if value is not None and t.outcome == "ok":
                 hist.labels(*labels).observe(value)
+
+    def observe_rejection(self, tenant_id: str, sla_class: str, reason: str) -> None:
+        """A request refused before it ran (quota, queue, draining): counted once, with its reason."""
+        self.requests.labels(tenant_id, sla_class, "rejected").inc()
+        self.rejections.labels(tenant_id, sla_class, reason).inc()
 
     def observe_tokens(self, tenant_id: str, sla_class: str, count: int) -> None:
         self.output_tokens.labels(tenant_id, sla_class).inc(count)

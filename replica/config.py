@@ -35,9 +35,10 @@ class EngineConfig:
     fused_kernels: bool = True  # CUDA: Triton kernels for norm+residual, rope+KV write, SiLU×up
     weights_seed: int = 0
     profile_history: int = 4096  # steps kept by the step profiler
-    # The interpreter's thread switch interval while the engine runs (None: leave Python's 5 ms).
+    # The interpreter's thread switch interval while a CUDA engine runs (None: leave Python's 5 ms).
     # The engine thread gives up the GIL at every device call; when the callers' event loop is busy
     # (hundreds of streams), getting it back takes up to one interval, which then stalls the GPU.
+    # On the CPU the engine thread computes itself, and a shorter interval only adds switches.
     gil_switch_interval_ms: float | None = 0.5
 
     def __post_init__(self) -> None:

@@ -58,8 +58,8 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         self.core = await asyncio.to_thread(self._build_core)
         self.core.deliver = self._deliver_threadsafe
-        if self.config.gil_switch_interval_ms is not None:  # process-wide: see EngineConfig
-            sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000.0)
+        if self.config.gil_switch_interval_ms is not None and self.device.type == "cuda":
+            sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000.0)  # process-wide, see config
         self._thread = threading.Thread(target=self.core.run, name="fairlane-engine", daemon=True)
         self._thread.start()
 
