@@ -69,7 +69,10 @@ def scale_app(ray_serve: int, app_config: dict) -> Iterator[str]:
     autoscaling = {
         "min_replicas": 1,
         "max_replicas": 2,
-        "target_ongoing_requests": 1.0,
+        # Half a request: the load keeps about one request in the replica at a time (the batch
+        # tenant's share of the room), and a target of exactly that made Serve oscillate 1 -> 2 -> 1,
+        # stopping the new replica while it was still starting.
+        "target_ongoing_requests": 0.5,
         "upscale_delay_s": 1.0,
         "downscale_delay_s": 4.0,
         "metrics_interval_s": 0.5,
