@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
 
 import httpx
@@ -98,10 +99,18 @@ def _flood(base_url: str, stop: threading.Event, streams: int) -> list[int]:
     return statuses
 
 
+def _p99_rounds(base_url: str, prompts: list[str], rounds: int) -> list[float]:
+    """The quiet tenant's TTFT p99 (of 16 requests, so their maximum) in each of `rounds` rounds."""
+    return [max(stream_ttft(base_url, ALICE, p, 4) for p in prompts) for _ in range(rounds)]
+
+
 def test_noisy_tenant_does_not_push_quiet_ttft_p99_past_1_5x(base_url: str) -> None:
+    # A p99 of 16 requests is their maximum, which one stall of this shared 2-core box decides (a
+    # single round read 1.2x to 1.8x across runs of the same code). Each side is therefore the
+    # median of three rounds' p99: the bound is the same, the estimate is steadier.
     prompts = [f"Name a fruit that starts with the letter {c}." for c in "ABCDEFGHIJKLMNOP"]
     stream_ttft(base_url, ALICE, prompts[0], 4)  # warm the path
-    solo = sorted(stream_ttft(base_url, ALICE, p, 4) for p in prompts)
+    solo = _p99_rounds(base_url, prompts, 3)
     stop = threading.Event()
     statuses: list[int] = []
     flood = threading.Thread(target=lambda: statuses.extend(_flood(base_url, stop, 10)), daemon=True)
@@ -110,12 +119,12 @@ def test_noisy_tenant_does_not_push_quiet_ttft_p99_past_1_5x(base_url: str) -> N
         assert wait_until(
             lambda: admin_state(base_url)["queued"] > 0, timeout_s=30
         )  # the noisy backlog is real
-        loaded = sorted(stream_ttft(base_url, ALICE, p, 4) for p in prompts)
+        loaded = _p99_rounds(base_url, prompts, 3)
         queued_while_loaded = admin_state(base_url)["queued"]
     finally:
         stop.set()
         flood.join(timeout=180)
-    p99_solo, p99_loaded = solo[-1], loaded[-1]
+    p99_solo, p99_loaded = statistics.median(solo), statistics.median(loaded)
     assert queued_while_loaded > 0
     assert statuses and set(statuses) == {200}
     assert p99_loaded <= 1.5 * p99_solo, (solo, loaded)
