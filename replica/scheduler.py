@@ -77,14 +77,10 @@ class Scheduler:
             if total == computed or total >= seq.token_limit or seq.status is not running:
                 continue
             num_new = total - computed if total - computed < budget else budget
-            if computed + num_new > len(seq.block_table) * room:
-                if not self._make_room(seq, computed + num_new):
-                    continue
-                items.append(self._claim(seq, num_new))
-            else:  # the common decode case: the token fits the last block, nothing to allocate
-                prev_row = seq.pending_row if seq.num_pending else -1
-                seq.num_computed = computed + num_new
-                items.append(ScheduledSeq(seq, computed, num_new, computed + num_new == total, prev_row))
+            needs_blocks = computed + num_new > len(seq.block_table) * room
+            if needs_blocks and not self._make_room(seq, computed + num_new):
+                continue
+            items.append(self._claim(seq, num_new))
             budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -115,8 +111,8 @@ class Scheduler:
     def _claim(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         start = seq.num_computed
         had = len(seq.block_table)
-        self.blocks.allocate(seq.block_table, start + num_new)
-        if len(seq.block_table) > had:
+        if start + num_new > had * self.blocks.block_size:  # decodes mostly fit their last block
+            self.blocks.allocate(seq.block_table, start + num_new)
             seq.block_array[had : len(seq.block_table)] = seq.block_table[had:]
         samples = start + num_new == len(seq.tokens) + seq.num_pending
         prev_row = seq.pending_row if seq.num_pending else -1

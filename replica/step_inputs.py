@@ -81,15 +81,12 @@ def _fill_chunk(item, row: int, index: int, arrays: dict[str, np.ndarray], block
 
 def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLayout) -> None:
     items = plan.items
-    if plan.num_tokens == len(items):  # pure decode: every row samples, row i is item i
-        sampling = [item for item in items if item.samples]
-        rows = np.arange(len(items)) if len(sampling) == len(items) else None
-    else:
-        sampling, rows = None, None
-    if rows is None:
-        ends = np.cumsum([item.num_new for item in items]) - 1
-        picked = [index for index, item in enumerate(items) if item.samples]
-        rows, sampling = ends[picked], [items[index] for index in picked]
+    picked = [index for index, item in enumerate(items) if item.samples]
+    if plan.num_tokens == len(items):  # pure decode: item i is row i
+        rows = np.asarray(picked)
+    else:  # a sampled item's row is the last of its tokens
+        rows = (np.cumsum([item.num_new for item in items]) - 1)[picked]
+    sampling = [items[index] for index in picked]
     s = len(sampling)
     layout.num_samples = s
     if s == 0:
