@@ -98,20 +98,19 @@ def test_overriding_keys_replaces_the_demo_keys_entirely() -> None:
     assert _demo("sk-fairlane-alice") not in secret and DEMO_KEY_SALT not in secret
 
 
-def test_init_container_script_end_to_end(all_options: Rendered, tmp_path: Path) -> None:
-    """The script as the pod runs it: read both mounts, write a read-only file, re-run over it."""
-    config, keys = _sources(all_options)
+def _merge_argv(tmp_path: Path, config: dict, keys: dict) -> tuple[list[str], Path]:
+    """The two mounted sources written as the pod sees them, and the merge script's arguments."""
     (tmp_path / "tenancy.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
     out = tmp_path / "tenants.yaml"
-    argv = [
-        "--config",
-        str(tmp_path / "tenancy.yaml"),
-        "--keys",
-        str(tmp_path / "keys.yaml"),
-        "--out",
-        str(out),
-    ]
+    paths = {"--config": tmp_path / "tenancy.yaml", "--keys": tmp_path / "keys.yaml", "--out": out}
+    return [part for flag, path in paths.items() for part in (flag, str(path))], out
+
+
+def test_init_container_script_end_to_end(all_options: Rendered, tmp_path: Path) -> None:
+    """The script as the pod runs it: read both mounts, write a read-only file, re-run over it."""
+    config, keys = _sources(all_options)
+    argv, out = _merge_argv(tmp_path, config, keys)
     module = _merge_module()
     assert module.main(argv) == 0
     assert stat.S_IMODE(out.stat().st_mode) == 0o440
@@ -167,17 +166,7 @@ def test_init_container_stops_the_pod_on_bad_keys(
     all_options: Rendered, tmp_path: Path, keys: dict, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config, _ = _sources(all_options)
-    (tmp_path / "tenancy.yaml").write_text(yaml.safe_dump(config))
-    (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
-    out = tmp_path / "tenants.yaml"
-    argv = [
-        "--config",
-        str(tmp_path / "tenancy.yaml"),
-        "--keys",
-        str(tmp_path / "keys.yaml"),
-        "--out",
-        str(out),
-    ]
+    argv, out = _merge_argv(tmp_path, config, keys)
     assert _merge_module().main(argv) == 1
     assert message in capsys.readouterr().err
     assert not out.exists()
