@@ -34,6 +34,13 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor  # [num_decode]
     prefills: list[PrefillChunk]
     decode_backend: str = "torch"  # "torch" (reference, tables trimmed to the step) or "triton" (CUDA)
+    prefill_backend: str = "torch"  # "torch" (reference, one call per chunk) or "flash" (CUDA, one call)
+    # The flash path's packing: query and key offsets of each chunk (int32, on the device) and the
+    # longest of each, known on the host so the call needs no sync.
+    prefill_cu_q: torch.Tensor | None = None
+    prefill_cu_k: torch.Tensor | None = None
+    prefill_max_q: int = 0
+    prefill_max_k: int = 0
 
 
 def write_kv(
@@ -62,6 +69,9 @@ def paged_attention(
     nd = meta.num_decode
     if nd == q.shape[0] and meta.decode_backend == "triton":
         return _triton_decode(q, k_cache, v_cache, meta, scale)  # pure decode: no extra copy
+    flash = bool(meta.prefills) and meta.prefill_backend == "flash"
+    if flash and not nd:
+        return _flash_prefill(q, k, v, kv_cache, meta, scale)  # pure prefill: no extra copy
     out = torch.empty_like(q)
     if nd:
         if meta.decode_backend == "triton":
@@ -70,6 +80,9 @@ def paged_attention(
             out[:nd] = decode_attention(
                 q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
             )
+    if flash:
+        out[nd:] = _flash_prefill(q, k, v, kv_cache, meta, scale)
+        return out
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         if chunk.context_len == chunk.q_len:
@@ -77,6 +90,12 @@ def paged_attention(
         else:
             out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
     return out
+
+
+def _flash_prefill(q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    from replica.varlen_prefill import varlen_prefill_attention
+
+    return varlen_prefill_attention(q, k, v, kv_cache, meta, scale)
 
 
 def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

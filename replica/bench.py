@@ -51,16 +51,22 @@ async def run_engine(args, mode: str) -> dict:
     prompts = make_prompts(engine.loaded.config.vocab_size, args.concurrency, args.prompt_len)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     await _drive(engine, prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
-    engine.core.profiler.records.clear()  # the engine is idle now: profile only the timed run
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    per_request = await _drive(engine, prompts, params)
-    wall = time.perf_counter() - start
-    result = _summarise(mode, per_request, wall, engine.profile_summary())
-    result["prefill_steps"] = [  # (prefill tokens, decode rows, device ms) of each step with a prefill
-        (r.num_prefill_tokens, r.batch_size, round(r.compute_ms, 3))
-        for r in engine.core.profiler.records
+    runs = []
+    for _ in range(args.repeats):  # the same batch again on the same engine: run-to-run spread
+        engine.core.profiler.records.clear()  # the engine is idle now: profile only the timed run
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        per_request = await _drive(engine, prompts, params)
+        wall = time.perf_counter() - start
+        runs.append((wall, per_request, list(engine.core.profiler.records), engine.profile_summary()))
+    runs.sort(key=lambda run: run[0])
+    wall, per_request, records, summary = runs[len(runs) // 2]  # the median run's figures
+    result = _summarise(mode, per_request, wall, summary)
+    result["runs_tok_s"] = [round(sum(len(r["tokens"]) for r in run[1]) / run[0], 1) for run in runs]
+    result["prefill_steps"] = [  # (prefill tokens, rows, device ms, host launch ms) of prefill steps
+        (r.num_prefill_tokens, r.batch_size, round(r.compute_ms, 3), round(r.launch_ms, 3))
+        for r in records
         if r.num_prefill_tokens
     ]
     result["outputs"] = [r["tokens"] for r in per_request]
@@ -273,7 +279,7 @@ def roofline(loaded: LoadedModel, args, measured_tok_s: float) -> dict:
 
 def run_hf_cb(args, loaded: LoadedModel) -> dict:
     """transformers' own continuous batching (`generate_batch`), async batching on where it exists."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
+    from transformers import GenerationConfig
 
     from replica.hf_reference import hf_model_like
 
@@ -282,7 +288,7 @@ def run_hf_cb(args, loaded: LoadedModel) -> dict:
     generation = GenerationConfig(
         max_new_tokens=args.max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
     )
-    batching = ContinuousBatchingConfig(use_async_batching=True)
+    batching = _cb_config(args)
     model.generate_batch(
         prompts[:2], generation_config=generation, continuous_batching_config=batching
     )  # warm-up
@@ -291,6 +297,26 @@ def run_hf_cb(args, loaded: LoadedModel) -> dict:
     wall = time.perf_counter() - start
     total = sum(len(o.generated_tokens) for o in outputs.values())
     return {"mode": "hf-cb", "output_tokens": total, "wall_s": wall, "output_tokens_per_s": total / wall}
+
+
+def _cb_config(args):
+    """Async batching on, and the paged cache sized for this run's requests (the default sizing takes
+    a share of free memory and ran out of memory on an empty H200). Only fields this release has."""
+    import inspect
+
+    from transformers import ContinuousBatchingConfig
+
+    default = ContinuousBatchingConfig()
+    page = getattr(default, "page_size", None) or getattr(default, "block_size", None) or 256
+    tokens = args.concurrency * (args.prompt_len + args.max_tokens)
+    wanted = {
+        "use_async_batching": True,
+        "num_blocks": -(-tokens // page) + args.concurrency,
+        "max_batch_tokens": args.max_batched_tokens,
+        "max_requests_per_batch": args.concurrency,
+    }
+    accepted = inspect.signature(ContinuousBatchingConfig).parameters
+    return ContinuousBatchingConfig(**{k: v for k, v in wanted.items() if k in accepted})
 
 
 def _hf_cb_in_child(args) -> dict:
@@ -306,12 +332,14 @@ def _hf_cb_in_child(args) -> dict:
             argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         argv += ["--batch", str(args.concurrency)] + (["--random-weights"] if args.random_weights else [])
         try:
-            subprocess.run(argv, timeout=args.hf_cb_timeout, check=False, capture_output=True)
+            limit = args.hf_cb_timeout
+            done = subprocess.run(argv, timeout=limit, check=False, capture_output=True, text=True)
         except subprocess.TimeoutExpired:
             limit = args.hf_cb_timeout
             return {"mode": "hf-cb", "error": f"did not finish within {limit} s (warm-up included)"}
         if not out.exists():
-            return {"mode": "hf-cb", "error": "the child process wrote no result"}
+            tail = done.stderr.strip().splitlines()[-3:]
+            return {"mode": "hf-cb", "error": f"the child process wrote no result: {' | '.join(tail)}"}
         return json.loads(out.read_text())["results"]["hf-cb"]
 
 
@@ -395,6 +423,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--modes", default="async,sync,hf-single")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per engine mode (median kept)")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
     p.add_argument("--hf-cb-timeout", type=float, default=240.0, help="seconds for the hf-cb child")
     p.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# name -> (rows: "tokens" | "seqs", columns: None | "table", dtype); the order is the memory order.
+# name -> (rows: "tokens" | "seqs" | "chunk_bounds" (seqs + 1), columns: None | "table", dtype);
+# the order is the memory order.
 FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "input_ids": ("tokens", None, torch.int64),
     "prev_rows": ("tokens", None, torch.int64),
@@ -29,6 +30,8 @@ FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "top_p": ("seqs", None, torch.float32),
     "seed": ("seqs", None, torch.int64),
     "out_position": ("seqs", None, torch.int64),
+    "prefill_cu_q": ("chunk_bounds", None, torch.int32),  # flash varlen offsets: chunk i's queries
+    "prefill_cu_k": ("chunk_bounds", None, torch.int32),  # start at cu_q[i], its keys at cu_k[i]
     "decode_tables": ("seqs", "table", torch.int64),
     "prefill_tables": ("seqs", "table", torch.int64),
 }
@@ -64,7 +67,8 @@ class StepBuffers:
         self.device = device
         self.on_cuda = device.type == "cuda"
         self.table_width = table_width
-        offsets, total = _layout({"tokens": max_tokens, "seqs": max_seqs, "table": table_width})
+        sizes = {"tokens": max_tokens, "seqs": max_seqs, "chunk_bounds": max_seqs + 1, "table": table_width}
+        offsets, total = _layout(sizes)
         self._flat_host = torch.zeros(total, dtype=torch.uint8, pin_memory=self.on_cuda)
         self._flat_dev = (
             torch.zeros(total, dtype=torch.uint8, device=device) if self.on_cuda else self._flat_host

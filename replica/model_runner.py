@@ -26,6 +26,7 @@ from replica.sampler import SamplingTensors, sample
 from replica.scheduler import StepPlan
 from replica.step_inputs import StepLayout, fill_step
 from replica.streams import StepStreams
+from replica.varlen_prefill import flash_varlen_available
 
 
 @dataclass
@@ -37,6 +38,7 @@ class StepHandle:
     graphed: bool
     events: dict  # start, h2d_done, compute_start, compute_done, d2h_done
     prev_compute_done: object | None  # the previous step's compute_done: the gap since is device idle
+    launch_ms: float = 0.0  # host time to enqueue the step's copies, forward and sampling
     idle_ms: float = 0.0  # host time the loop waited for work before launching this step
     schedule_ms: float = 0.0  # host time the scheduler took to plan this step
 
@@ -47,6 +49,7 @@ class StepHandle:
             gap = max(0.0, self.prev_compute_done.elapsed_time(ev["compute_start"]))
         return {
             "prepare_ms": self.prepare_ms,
+            "launch_ms": self.launch_ms,
             "h2d_ms": ev["start"].elapsed_time(ev["h2d_done"]),
             "compute_ms": ev["compute_start"].elapsed_time(ev["compute_done"]),
             "d2h_ms": ev["compute_done"].elapsed_time(ev["d2h_done"]),
@@ -80,6 +83,8 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.decode_backend = "triton" if device.type == "cuda" else "torch"
+        flash = flash_varlen_available(device, dtype, model.head_dim)
+        self.prefill_backend = "flash" if flash else "torch"
         model.fused = device.type == "cuda" and fused_kernels
         self.buffers = [
             StepBuffers(device, max(max_tokens, max_seqs), max_seqs, self.table_width) for _ in (0, 1)
@@ -152,9 +157,13 @@ class ModelRunner:
         self._step_count += 1
         self._prev_valid = True
         prev_done, self._last_compute_done = self._last_compute_done, events["compute_done"]
-        return StepHandle(
+        handle = StepHandle(
             plan, set_index, layout.num_samples, prepare_ms, graph_size is not None, events, prev_done
         )
+        # An eager step's kernels are enqueued one by one from Python: when this exceeds its device
+        # time, the step is bound by the host (what CUDA graphs remove for decode steps).
+        handle.launch_ms = (time.perf_counter() - t0) * 1000.0 - prepare_ms
+        return handle
 
     def wait(self, handle: StepHandle) -> np.ndarray:
         """Block until the step's tokens are on the host; the engine's only planned wait."""
@@ -201,12 +210,15 @@ class ModelRunner:
         dev = buf.dev
         t, nd, s = layout.num_tokens, layout.num_decode, layout.num_samples
         width = layout.decode_width if self.decode_backend == "torch" else self.table_width
+        n = len(layout.prefills)
         meta = AttentionMetadata(
             slot_mapping=dev["slot_mapping"][:t], num_decode=nd,
             decode_block_tables=dev["decode_tables"][:nd, :width],
             decode_context_lens=dev["decode_lens"][:nd],
             prefills=[PrefillChunk(q, n, ctx, dev["prefill_tables"][r]) for q, n, ctx, r in layout.prefills],
-            decode_backend=self.decode_backend,
+            decode_backend=self.decode_backend, prefill_backend=self.prefill_backend,
+            prefill_cu_q=dev["prefill_cu_q"][: n + 1], prefill_cu_k=dev["prefill_cu_k"][: n + 1],
+            prefill_max_q=layout.prefill_max_q, prefill_max_k=layout.prefill_max_k,
         )  # fmt: skip
         input_ids = self._carried_ids(set_index, t) if layout.has_placeholders else dev["input_ids"][:t]
         hidden = self.model(input_ids, dev["positions"][:t], self.kv_caches, meta)

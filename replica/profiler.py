@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 FIELDS = (
-    "schedule_ms", "prepare_ms", "h2d_ms", "compute_ms", "d2h_ms", "gap_ms",
+    "schedule_ms", "prepare_ms", "launch_ms", "h2d_ms", "compute_ms", "d2h_ms", "gap_ms",
     "postprocess_ms", "wait_ms", "idle_ms",
 )  # fmt: skip
 
@@ -24,6 +24,7 @@ class StepRecord:
     context_tokens: int  # tokens of context the step's attention reads, summed over its sequences
     schedule_ms: float  # host: pick the step's sequences and claim their cache slots
     prepare_ms: float  # host: build the step's inputs
+    launch_ms: float  # host: enqueue the step's device work (eager steps: one call per kernel)
     h2d_ms: float
     compute_ms: float  # device: forward + sampling (CUDA events; host clock on CPU)
     d2h_ms: float

@@ -19,6 +19,8 @@ class StepLayout:
     num_samples: int
     decode_width: int  # blocks in the longest decode table this step
     prefills: list[tuple[int, int, int, int]] = field(default_factory=list)  # q_start, q_len, ctx, table row
+    prefill_max_q: int = 0  # longest chunk (queries) and longest context (keys) this step
+    prefill_max_k: int = 0
     has_placeholders: bool = False
     all_greedy: bool = True
     any_top_k: bool = False
@@ -40,6 +42,8 @@ def fill_step(plan: StepPlan, buf: StepBuffers, block_size: int) -> StepLayout:
         _fill_chunk(item, row, index, arrays, block_size)
         layout.prefills.append((row, item.num_new, item.start + item.num_new, index))
         row += item.num_new
+    if layout.prefills:
+        _fill_chunk_bounds(layout, arrays)
     _fill_sampling(plan, arrays, layout)
     return layout
 
@@ -77,6 +81,17 @@ def _fill_chunk(item, row: int, index: int, arrays: dict[str, np.ndarray], block
     arrays["positions"][rows] = pos
     arrays["slot_mapping"][rows] = table[pos // block_size] * block_size + pos % block_size
     arrays["prefill_tables"][index, : len(seq.block_table)] = table[: len(seq.block_table)]
+
+
+def _fill_chunk_bounds(layout: StepLayout, arrays: dict[str, np.ndarray]) -> None:
+    """Packed offsets for one varlen attention call over all chunks: queries and keys back to back."""
+    q_lens = np.array([q_len for _, q_len, _, _ in layout.prefills], np.int32)
+    k_lens = np.array([ctx for _, _, ctx, _ in layout.prefills], np.int32)
+    n = len(q_lens)
+    arrays["prefill_cu_q"][0] = arrays["prefill_cu_k"][0] = 0
+    np.cumsum(q_lens, out=arrays["prefill_cu_q"][1 : n + 1])
+    np.cumsum(k_lens, out=arrays["prefill_cu_k"][1 : n + 1])
+    layout.prefill_max_q, layout.prefill_max_k = int(q_lens.max()), int(k_lens.max())
 
 
 def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLayout) -> None:

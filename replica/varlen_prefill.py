@@ -1,0 +1,83 @@
+"""Every prefill chunk of a step in one flash-attention call (CUDA, bf16/fp16).
+
+The reference in `attention.py` calls SDPA once per chunk per layer. A SmolLM2 prefill step of eight
+256-token prompts is then 8 × 30 small attention calls plus their copies, and the step is bound by
+kernel launches from Python (45–57 ms for 2,048 tokens). Flash attention's variable-length form
+takes all chunks at once: queries and keys packed back to back, `cu_seq_q` / `cu_seq_k` marking
+where each sequence starts. Grouped-query heads are read in place (the kernel maps each query head
+to its KV head), and a causal mask with more keys than queries is aligned to the bottom-right
+corner: query i of a chunk at the end of a longer context sees the keys up to its own position,
+which is what a continued (chunked) prompt needs.
+
+Keys of a chunk that is its sequence's whole context are this step's new keys (no cache read); a
+chunk that continues a sequence reads its earlier keys from the paged cache (one gather per such
+chunk, as the reference does).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replica.attention import AttentionMetadata, PrefillChunk
+
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def flash_varlen_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether this torch build, GPU and shape can take the varlen flash path."""
+    if device.type != "cuda" or dtype not in FLASH_DTYPES or head_dim % 8 or head_dim > 256:
+        return False
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def varlen_prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of the prefill rows q[num_decode:] ([rows, heads, D]); k, v hold the step's new keys."""
+    nd = meta.num_decode
+    keys, values = _packed_keys(k, v, kv_cache, meta)
+    out = torch.ops.aten._flash_attention_forward(
+        q[nd:],
+        keys,
+        values,
+        meta.prefill_cu_q,
+        meta.prefill_cu_k,
+        meta.prefill_max_q,
+        meta.prefill_max_k,
+        0.0,  # dropout
+        True,  # causal, bottom-right aligned
+        False,  # no debug mask
+        scale=scale,
+    )[0]
+    return out
+
+
+def _packed_keys(k, v, kv_cache, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each chunk's keys back to back, in the order of its queries."""
+    nd = meta.num_decode
+    if all(c.context_len == c.q_len for c in meta.prefills):
+        return k[nd:], v[nd:]
+    key_parts, value_parts = [], []
+    for chunk in meta.prefills:
+        if chunk.context_len == chunk.q_len:
+            rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
+            key_parts.append(k[rows])
+            value_parts.append(v[rows])
+        else:
+            key_parts.append(_cached(kv_cache[0], chunk))
+            value_parts.append(_cached(kv_cache[1], chunk))
+    return torch.cat(key_parts), torch.cat(value_parts)
+
+
+def _cached(cache: torch.Tensor, chunk: PrefillChunk) -> torch.Tensor:
+    """The chunk's whole context ([context_len, kv_heads, D]), its new keys included (already written)."""
+    block_size = cache.shape[1]
+    table = chunk.block_table[: -(-chunk.context_len // block_size)]
+    return cache[table].flatten(0, 1)[: chunk.context_len]
