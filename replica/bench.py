@@ -45,6 +45,7 @@ async def run_engine(args, mode: str) -> dict:
         random_weights=args.random_weights,
         max_num_seqs=max(args.concurrency, 1),
         max_num_batched_tokens=args.max_batched_tokens,
+        gil_switch_interval_ms=args.gil_switch_ms,
     )
     engine = Engine(config)
     await engine.start()
@@ -424,6 +425,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--modes", default="async,sync,hf-single")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per engine mode (median kept)")
+    p.add_argument("--gil-switch-ms", type=float, default=0.5, help="the engine's GIL switch interval")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
     p.add_argument("--hf-cb-timeout", type=float, default=240.0, help="seconds for the hf-cb child")
     p.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)
