@@ -34,13 +34,16 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor  # [num_decode]
     prefills: list[PrefillChunk]
     decode_backend: str = "torch"  # "torch" (reference, tables trimmed to the step) or "triton" (CUDA)
-    prefill_backend: str = "torch"  # "torch" (reference, one call per chunk) or "flash" (CUDA, one call)
+    prefill_backend: str = "torch"  # "torch" (reference, one call per chunk), "flash" (CUDA, one call)
+    # or "flash_padded" (CUDA graphs of mixed steps: fixed shapes, see mixed_graphs.py)
     # The flash path's packing: query and key offsets of each chunk (int32, on the device) and the
     # longest of each, known on the host so the call needs no sync.
     prefill_cu_q: torch.Tensor | None = None
     prefill_cu_k: torch.Tensor | None = None
     prefill_max_q: int = 0
     prefill_max_k: int = 0
+    # "flash_padded" (a mixed CUDA graph, see mixed_graphs.py): the step's decode row count on the device
+    decode_rows: torch.Tensor | None = None
 
 
 def write_kv(
@@ -67,6 +70,10 @@ def paged_attention(
     """
     k_cache, v_cache = kv_cache
     nd = meta.num_decode
+    if meta.prefill_backend == "flash_padded":
+        from replica.varlen_prefill import padded_mixed_attention
+
+        return padded_mixed_attention(q, k, v, kv_cache, meta, scale)
     if nd == q.shape[0] and meta.decode_backend == "triton":
         return _triton_decode(q, k_cache, v_cache, meta, scale)  # pure decode: no extra copy
     flash = bool(meta.prefills) and meta.prefill_backend == "flash"

@@ -46,6 +46,7 @@ async def run_engine(args, mode: str) -> dict:
         max_num_seqs=max(args.concurrency, 1),
         max_num_batched_tokens=args.max_batched_tokens,
         gil_switch_interval_ms=args.gil_switch_ms,
+        mixed_cuda_graphs=not args.no_mixed_graphs,
     )
     engine = Engine(config)
     await engine.start()
@@ -64,6 +65,8 @@ async def run_engine(args, mode: str) -> dict:
     runs.sort(key=lambda run: run[0])
     wall, per_request, records, summary = runs[len(runs) // 2]  # the median run's figures
     result = _summarise(mode, per_request, wall, summary)
+    mixed = engine.core.runner.mixed_graphs
+    result["mixed_graph_replays"] = mixed.replays if mixed is not None else 0  # warm-up and every run
     result["runs_tok_s"] = [round(sum(len(r["tokens"]) for r in run[1]) / run[0], 1) for run in runs]
     result["prefill_steps"] = [  # (prefill tokens, rows, device ms, host launch ms) of prefill steps
         (r.num_prefill_tokens, r.batch_size, round(r.compute_ms, 3), round(r.launch_ms, 3))
@@ -425,6 +428,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--modes", default="async,sync,hf-single")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per engine mode (median kept)")
+    p.add_argument("--no-mixed-graphs", action="store_true", help="run mixed steps eagerly")
     p.add_argument("--gil-switch-ms", type=float, default=0.5, help="the engine's GIL switch interval")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
     p.add_argument("--hf-cb-timeout", type=float, default=240.0, help="seconds for the hf-cb child")

@@ -32,6 +32,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's own limit, capped at 8192
     cuda_graphs: bool = True
+    # CUDA, bf16/fp16: graphs also for greedy steps that mix decode rows with prompt chunks starting
+    # their sequence (padded to a token ladder; see replica/mixed_graphs.py). Needs cuda_graphs.
+    mixed_cuda_graphs: bool = True
     fused_kernels: bool = True  # CUDA: Triton kernels for norm+residual, rope+KV write, SiLU×up
     weights_seed: int = 0
     profile_history: int = 4096  # steps kept by the step profiler

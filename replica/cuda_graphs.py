@@ -1,5 +1,7 @@
 """CUDA graphs for pure-decode, all-greedy steps, at a ladder of batch sizes.
 
+(The same class holds the mixed-step graphs at a ladder of token counts: `mixed_graphs.py`.)
+
 Each (IO set, batch size) pair has its own graph: a graph reads its inputs at fixed addresses, and
 the two IO sets alternate between steps. All graphs share one memory pool. A captured step does the
 whole device side of a decode: the carried-token gather from the other set's samples, the forward
@@ -24,6 +26,7 @@ class DecodeGraphs:
         self.sizes = sorted({b for b in ladder if b <= max_batch} | {max_batch})
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.replays = 0  # steps run by these graphs (tests and benchmarks read it)
 
     def capture(self, stream: torch.cuda.Stream) -> None:
         """Capture every (set, size), largest first so smaller graphs reuse the pool's blocks."""
@@ -47,3 +50,4 @@ class DecodeGraphs:
 
     def replay(self, set_index: int, size: int) -> None:
         self.graphs[(set_index, size)].replay()
+        self.replays += 1

@@ -84,7 +84,7 @@ class Engine:
         blocks = BlockManager(num_blocks, cfg.block_size)
         runner = ModelRunner(
             self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
-            cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels,
+            cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
         )  # fmt: skip
         scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width)
         return EngineCore(runner, scheduler, self._eos_ids(), cfg.mode, cfg.profile_history)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# name -> (rows: "tokens" | "seqs" | "chunk_bounds" (seqs + 1), columns: None | "table", dtype);
+# name -> (rows: "tokens" | "seqs" | "chunk_bounds" (seqs + 1) | "one", columns: None | "table", dtype);
 # the order is the memory order.
 FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "input_ids": ("tokens", None, torch.int64),
@@ -32,6 +32,7 @@ FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "out_position": ("seqs", None, torch.int64),
     "prefill_cu_q": ("chunk_bounds", None, torch.int32),  # flash varlen offsets: chunk i's queries
     "prefill_cu_k": ("chunk_bounds", None, torch.int32),  # start at cu_q[i], its keys at cu_k[i]
+    "num_decode": ("one", None, torch.int32),  # the step's decode rows (mixed CUDA graphs read it)
     "decode_tables": ("seqs", "table", torch.int64),
     "prefill_tables": ("seqs", "table", torch.int64),
 }
@@ -67,7 +68,8 @@ class StepBuffers:
         self.device = device
         self.on_cuda = device.type == "cuda"
         self.table_width = table_width
-        sizes = {"tokens": max_tokens, "seqs": max_seqs, "chunk_bounds": max_seqs + 1, "table": table_width}
+        rows = {"tokens": max_tokens, "seqs": max_seqs, "chunk_bounds": max_seqs + 1, "one": 1}
+        sizes = {**rows, "table": table_width}
         offsets, total = _layout(sizes)
         self._flat_host = torch.zeros(total, dtype=torch.uint8, pin_memory=self.on_cuda)
         self._flat_dev = (

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from replica import mixed_graphs as mixed
 from replica.attention import AttentionMetadata, PrefillChunk
 from replica.cuda_graphs import DecodeGraphs
 from replica.io_buffers import StepBuffers
@@ -69,11 +70,13 @@ class ModelRunner:
         max_model_len: int,
         cuda_graphs: bool = True,
         fused_kernels: bool = True,
+        mixed_graphs: bool = True,
     ) -> None:
         cfg = model.config
         self.model = model
         self.device = device
         self.block_size = block_size
+        self.max_seqs = max_seqs
         self.table_width = -(-max_model_len // block_size)
         self.streams = StepStreams(device)
         dtype = next(model.parameters()).dtype
@@ -93,6 +96,7 @@ class ModelRunner:
         self._prev_valid = False  # whether the other set's samples hold the previous step's tokens
         self._last_compute_done = None
         self.graphs: DecodeGraphs | None = None
+        self.mixed_graphs: DecodeGraphs | None = None  # mixed steps, at a ladder of token counts
         if device.type == "cuda":
             # cuDNN's attention builds and compiles a plan for every new sequence length (hundreds of
             # ms each time a prompt length is first seen); flash and memory-efficient kernels are
@@ -105,6 +109,10 @@ class ModelRunner:
         if device.type == "cuda" and cuda_graphs:
             self.graphs = DecodeGraphs(self._graph_step, max_seqs)
             self.graphs.capture(self.streams.compute)
+        if device.type == "cuda" and cuda_graphs and mixed_graphs and self.prefill_backend == "flash":
+            ladder = mixed.token_ladder(max_tokens)
+            self.mixed_graphs = DecodeGraphs(self._mixed_graph_step, max_tokens, ladder=ladder)
+            self.mixed_graphs.capture(self.streams.compute)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -114,7 +122,7 @@ class ModelRunner:
 
     def close(self) -> None:
         """Drop the device memory this runner holds (KV cache, IO buffers, graphs)."""
-        self.kv_caches, self.buffers, self.graphs = [], [], None
+        self.kv_caches, self.buffers, self.graphs, self.mixed_graphs = [], [], None, None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
@@ -132,14 +140,19 @@ class ModelRunner:
         if layout.has_placeholders and not self._prev_valid:
             raise RuntimeError("a carried token has no previous step to come from")
         graph_size = self._graph_size(layout)
+        mixed_size = self._mixed_size(layout) if graph_size is None else None
         if graph_size is not None:
             self._pad_decode(buf, layout.num_decode, graph_size)
+        elif mixed_size is not None:
+            mixed.pad_inputs(buf.np, layout, mixed_size, mixed.graph_rows(mixed_size, self.max_seqs))
         prepare_ms = (time.perf_counter() - t0) * 1000.0
         names = ("start", "h2d_done", "compute_start", "compute_done", "d2h_done")
         events = {name: self.streams.event() for name in names}
         with self.streams.on("h2d"):
             events["start"].record()
             decode_rows = graph_size if graph_size is not None else layout.num_decode
+            if mixed_size is not None:
+                decode_rows = mixed.graph_rows(mixed_size, self.max_seqs)
             buf.copy_to_device(decode_rows, len(layout.prefills))
             events["h2d_done"].record()
         self.streams.wait("compute", events["h2d_done"])
@@ -147,6 +160,8 @@ class ModelRunner:
             events["compute_start"].record()
             if graph_size is not None:
                 self.graphs.replay(set_index, graph_size)
+            elif mixed_size is not None:
+                self.mixed_graphs.replay(set_index, mixed_size)
             else:
                 self._eager_step(set_index, layout)
             events["compute_done"].record()
@@ -157,9 +172,8 @@ class ModelRunner:
         self._step_count += 1
         self._prev_valid = True
         prev_done, self._last_compute_done = self._last_compute_done, events["compute_done"]
-        handle = StepHandle(
-            plan, set_index, layout.num_samples, prepare_ms, graph_size is not None, events, prev_done
-        )
+        graphed = graph_size is not None or mixed_size is not None
+        handle = StepHandle(plan, set_index, layout.num_samples, prepare_ms, graphed, events, prev_done)
         # An eager step's kernels are enqueued one by one from Python: when this exceeds its device
         # time, the step is bound by the host (what CUDA graphs remove for decode steps).
         handle.launch_ms = (time.perf_counter() - t0) * 1000.0 - prepare_ms
@@ -176,6 +190,11 @@ class ModelRunner:
         if self.graphs is None or not pure_decode or not layout.all_greedy:
             return None
         return self.graphs.padded_size(layout.num_decode)
+
+    def _mixed_size(self, layout: StepLayout) -> int | None:
+        if self.mixed_graphs is None or not mixed.eligible(layout.prefills, layout.all_greedy):
+            return None
+        return self.mixed_graphs.padded_size(layout.num_tokens)
 
     def _pad_decode(self, buf: StepBuffers, used: int, size: int) -> None:
         """Padded rows: token 0 at position 0 of the reserved block 0, sampling their own row."""
@@ -204,6 +223,18 @@ class ModelRunner:
         )  # fmt: skip
         hidden = self.model(self._carried_ids(set_index, size), dev["positions"][:size], self.kv_caches, meta)
         buf.samples_dev[:size].copy_(self.model.compute_logits(hidden).argmax(dim=-1))
+
+    def _mixed_graph_step(self, set_index: int, tokens: int) -> None:
+        """The captured body of a mixed step padded to `tokens` (see mixed_graphs.py); all greedy."""
+        buf = self.buffers[set_index]
+        dev = buf.dev
+        rows = mixed.graph_rows(tokens, self.max_seqs)
+        meta = mixed.metadata(dev, tokens, rows)
+        hidden = self.model(
+            self._carried_ids(set_index, tokens), dev["positions"][:tokens], self.kv_caches, meta
+        )
+        logits = self.model.compute_logits(hidden[dev["sample_rows"][:rows]])
+        buf.samples_dev[:rows].copy_(logits.argmax(dim=-1))
 
     def _eager_step(self, set_index: int, layout: StepLayout) -> None:
         buf = self.buffers[set_index]

@@ -59,6 +59,36 @@ def varlen_prefill_attention(
     return out
 
 
+def padded_mixed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """A mixed step in fixed shapes (what a mixed CUDA graph captures; see mixed_graphs.py).
+
+    Every chunk starts its sequence, so its keys are the step's own rows. The chunk offsets in the
+    buffer count from the first prompt row; adding the device-side decode count makes them offsets
+    into the whole step. The paged decode kernel runs over `meta.num_decode` rows (the padded row
+    count) and its output is kept for the rows below `meta.decode_rows`.
+    """
+    from replica.triton_decode import paged_decode_attention
+
+    offsets = meta.prefill_cu_q + meta.decode_rows
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, offsets, offsets, meta.prefill_max_q, meta.prefill_max_k, 0.0, True, False, scale=scale
+    )[0]
+    rows = meta.num_decode
+    decoded = paged_decode_attention(
+        q[:rows], kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens, scale
+    )
+    is_decode = torch.arange(rows, device=q.device, dtype=meta.decode_rows.dtype) < meta.decode_rows
+    out[:rows] = torch.where(is_decode[:, None, None], decoded, out[:rows])
+    return out
+
+
 def _packed_keys(k, v, kv_cache, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     """Each chunk's keys back to back, in the order of its queries."""
     nd = meta.num_decode
