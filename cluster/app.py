@@ -47,6 +47,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
         ),
         "health_check_period_s": 5.0,
         "graceful_shutdown_timeout_s": 5.0,
+        "logging_config": serve_logging(config),
     }
     a = config.autoscaling
     if a is None:
@@ -65,6 +66,22 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
     return opts
 
 
+def serve_logging(config: AppConfig) -> dict[str, Any]:
+    """Serve's logging of a deployment: the per-request access line only when asked for."""
+    return {"enable_access_log": config.serve_access_log}
+
+
+def router_options(config: AppConfig) -> dict[str, Any]:
+    """Serve options of the ingress (router) deployment."""
+    return {
+        "name": "Router",
+        "num_replicas": config.num_routers,
+        "ray_actor_options": {"num_cpus": 0},
+        "max_ongoing_requests": 10_000,
+        "logging_config": serve_logging(config),
+    }
+
+
 def engine_kwargs(config: AppConfig) -> dict[str, Any]:
     """``replica.EngineConfig`` keyword arguments from the engine settings."""
     e = config.engine
@@ -80,19 +97,17 @@ def engine_kwargs(config: AppConfig) -> dict[str, Any]:
     }
 
 
-def compose(config: AppConfig) -> serve.Application:
-    """The bound application: the ingress (routers) holding a handle to the replicas."""
-    replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(
-        engine_kwargs(config), config.engine.synthetic_tokenizer
-    )
-    ingress = serve.deployment(
-        Ingress,
-        name="Router",
-        num_replicas=config.num_routers,
-        ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=10_000,
-    )
-    return ingress.bind(replicas, config.model_dump())
+def compose(config: AppConfig, replicas: serve.Application | None = None) -> serve.Application:
+    """The bound application: the ingress (routers) holding a handle to the replicas.
+
+    ``replicas``: another bound replica deployment with ``ReplicaServer``'s methods (the router
+    benchmark's paced stand-in); None = the engine replicas of ``config``.
+    """
+    if replicas is None:
+        replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(
+            engine_kwargs(config), config.engine.synthetic_tokenizer
+        )
+    return serve.deployment(Ingress, **router_options(config)).bind(replicas, config.model_dump())
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:

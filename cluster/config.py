@@ -93,6 +93,20 @@ class AppConfig(_Frozen):
             "many streams, 0.05 keeps the per-item cost of the Serve hops below the engine's token rate."
         ),
     )
+    handle_grpc: bool = Field(
+        default=True,
+        description=(
+            "Router-to-replica streams over Serve's gRPC channel (handle option _by_reference=False) "
+            "instead of Ray actor calls: less CPU per request and per streamed item in both processes."
+        ),
+    )
+    serve_access_log: bool = Field(
+        default=False,
+        description=(
+            "Ray Serve's access log line per request in the router and replica (and the proxy of a "
+            "local cluster); off: each line costs CPU in the router's hot path."
+        ),
+    )
     load_poll_interval_s: float = Field(default=1.0, gt=0, description="How often routers poll replica load.")
     max_body_bytes: int = Field(default=4_000_000, gt=0, description="Largest request body (413 beyond).")
     first_token_retries: int = Field(

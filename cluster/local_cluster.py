@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from cluster.app import compose
+from cluster.app import compose, serve_logging
 from cluster.config import AppConfig
 from cluster.drain import drain
 
@@ -40,10 +40,11 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> None:
     ray.init(address=address, **kwargs)
 
 
-def deploy(config: AppConfig, name: str = APP_NAME) -> str:
+def deploy(config: AppConfig, name: str = APP_NAME, replicas: serve.Application | None = None) -> str:
     """Run the app and wait until it is RUNNING; returns its base URL."""
-    serve.start(http_options={"host": config.host, "port": config.port})
-    serve.run(compose(config), name=name, route_prefix="/", blocking=False)
+    # The global logging config reaches the proxy: its access line per request is CPU too.
+    serve.start(http_options={"host": config.host, "port": config.port}, logging_config=serve_logging(config))
+    serve.run(compose(config, replicas), name=name, route_prefix="/", blocking=False)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         status = serve.status().applications.get(name)
@@ -57,9 +58,14 @@ def deploy(config: AppConfig, name: str = APP_NAME) -> str:
 
 @contextlib.contextmanager
 def local_cluster(
-    config: AppConfig, address: str | None = None, on_ray_up: Callable[[], None] | None = None
+    config: AppConfig,
+    address: str | None = None,
+    on_ray_up: Callable[[], None] | None = None,
+    replicas: serve.Application | None = None,
 ) -> Iterator[str]:
     """Ray + Serve + the app for the duration of the block; everything is shut down after.
+
+    ``replicas``: a stand-in replica deployment (see ``cluster.app.compose``); None = the engine's.
 
     ``on_ray_up`` runs after ``ray.init`` and before Serve opens its port: the one moment a caller
     can put its own signal handlers in place of Ray's before any request can arrive.
@@ -68,7 +74,7 @@ def local_cluster(
     try:
         if on_ray_up is not None:
             on_ray_up()
-        yield deploy(config)
+        yield deploy(config, replicas=replicas)
         # Leaving the block normally (SIGTERM or Ctrl-C in ``fairlane serve``, the end of a demo):
         # stop admitting (503 + Retry-After) and let in-flight streams finish, within the drain time.
         drained = drain(APP_NAME, config.num_routers, config.drain_timeout_s)

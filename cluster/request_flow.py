@@ -64,10 +64,13 @@ class RequestRunner:
         metrics: ClusterMetrics,
         recorder: TimingRecorder,
         timeouts: Timeouts,
+        grpc: bool = False,
     ) -> None:
         self.quotas = quotas
         self.dispatcher = dispatcher
-        self._replicas = replicas.options(stream=True)
+        # grpc: the streams travel over Serve's inter-deployment gRPC channel instead of Ray actor
+        # calls (``_by_reference=False``), which costs the router and the replica less CPU per item.
+        self._replicas = replicas.options(stream=True, _by_reference=not grpc)
         self.metrics = metrics
         self.recorder = recorder
         self.timeouts = timeouts

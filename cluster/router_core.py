@@ -96,7 +96,13 @@ class RouterCore:
         )
         timeouts = Timeouts(config.first_token_timeout_s, config.token_timeout_s, config.first_token_retries)
         self.runner = RequestRunner(
-            self.tenancy.quotas, self.dispatcher, replicas, self.metrics, self.recorder, timeouts
+            self.tenancy.quotas,
+            self.dispatcher,
+            replicas,
+            self.metrics,
+            self.recorder,
+            timeouts,
+            grpc=config.handle_grpc,
         )
 
     def _tenancy_state(self, tenancy: TenancyConfig) -> TenancyState:
