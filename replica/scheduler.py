@@ -2,6 +2,8 @@
 
 Every step, running sequences go first (a decode token, or the next chunk of a long prompt), then
 waiting ones join in arrival order while the token budget, the sequence cap and the KV cache allow.
+A prompt that fits one step whole is not split behind another prompt's chunk: it starts the next
+step instead, so steps rarely continue a prompt (those run eagerly; see mixed_graphs.py).
 Prefill and decode share one step. When the cache runs out, the most recently arrived running
 sequence is preempted: its blocks are freed and it is recomputed later from its tokens.
 
@@ -82,11 +84,18 @@ class Scheduler:
                 continue
             items.append(self._claim(seq, num_new))
             budget -= num_new
+        has_chunk = any(item.num_new > 1 for item in items)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
                 break
-            num_new = min(seq.uncomputed(), budget)
+            remaining = seq.uncomputed()
+            if has_chunk and budget < remaining <= self.max_num_batched_tokens:
+                # It fits a later step whole. Split, its tail would make the next step one that
+                # continues a prompt, which runs eagerly (no CUDA graph) and is bound by Python.
+                # The next step takes it first: only decodes and over-budget prompts go before it.
+                break
+            num_new = min(remaining, budget)
             if not self.blocks.can_allocate(
                 self.blocks.blocks_needed(seq.block_table, seq.num_computed + num_new)
             ):
@@ -97,6 +106,7 @@ class Scheduler:
             self._take_row(seq)
             items.append(self._claim(seq, num_new))
             budget -= num_new
+            has_chunk = has_chunk or num_new > 1
         return self._plan(items) if items else None
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:

@@ -61,3 +61,28 @@ def test_length_limit_stops_scheduling():
     assert sched.schedule() is not None
     assert seq.num_pending == 1 and seq.reached_length_limit()
     assert sched.schedule() is None  # nothing more to draw until the pending token is read
+
+
+def test_prompt_that_fits_a_step_whole_waits_instead_of_splitting():
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=10)
+    first, second, third = _seq("a", 6), _seq("b", 6), _seq("c", 3)
+    for seq in (first, second, third):
+        sched.add(seq)
+    plan = sched.schedule()  # b would be split 4 + 2 behind a's chunk: it waits, and c waits behind it
+    assert [(i.seq.request_id, i.num_new) for i in plan.items] == [("a", 6)]
+    first.tokens.append(99)
+    first.num_pending = 0
+    plan = sched.schedule()
+    assert [(i.seq.request_id, i.num_new) for i in plan.items] == [("a", 1), ("b", 6), ("c", 3)]
+
+
+def test_prompt_is_split_when_only_decodes_share_the_step():
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=10)
+    first, second = _seq("a", 3), _seq("b", 10)
+    sched.add(first)
+    sched.schedule()
+    first.tokens.append(99)
+    first.num_pending = 0
+    sched.add(second)
+    plan = sched.schedule()  # a decode beside it: b would never fit whole, so it is chunked now
+    assert [(i.seq.request_id, i.num_new) for i in plan.items] == [("a", 1), ("b", 9)]
