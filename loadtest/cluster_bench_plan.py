@@ -36,6 +36,8 @@ class Plan:
     ready_timeout_s: float = 300.0
     replicas: tuple[int, ...] = (1,)  # one cluster per count, in order; the scenarios run on the last
     engine_estimate_tps: float | None = None  # given: no engine-alone run, this is its throughput
+    start_tps: float | None = None  # given: the first count's first rung, output tok/s per replica
+    routers_per_replica: int = 0  # > 0: num_routers = this × the replica count (0: the config's)
     # Budget guesses for the phases still to come, so an earlier sweep leaves them their time.
     ready_estimate_s: float = 60.0  # cluster start until /health, plus warm-up
     stop_estimate_s: float = 15.0

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -18,7 +21,7 @@ import yaml
 
 from loadtest.run_dir import read_run_records, read_summary
 from loadtest.scenario import Scenario
-from loadtest.serve_process import REPO_ROOT
+from loadtest.serve_process import REPO_ROOT, free_port
 from tenancy import DEMO_KEYS
 
 
@@ -73,12 +76,39 @@ def warm_up(url: str, model: str, replicas: int) -> None:
         list(pool.map(one, range(4 * replicas)))
 
 
-def with_replicas(cfg: Path, replicas: int) -> Path:
-    """A copy of the app config with ``num_replicas`` set (each keeps its ``replica_num_gpus``)."""
-    data = yaml.safe_load(cfg.read_text(encoding="utf-8"))
+def with_replicas(cfg: Path, replicas: int, routers: int | None = None, redis_url: str | None = None) -> Path:
+    """A copy of the app config with ``num_replicas`` set (each keeps its ``replica_num_gpus``), and
+    ``num_routers`` / ``redis_url`` where given (several routers share quota state through Redis)."""
+    data = yaml.safe_load(cfg.read_text(encoding="utf-8")) | {"num_replicas": replicas}
+    if routers is not None:
+        data["num_routers"] = routers
+    if redis_url is not None:
+        data["redis_url"] = redis_url
     out = cfg.with_name(f"app-{replicas}r.yaml")
-    out.write_text(yaml.safe_dump(data | {"num_replicas": replicas}, sort_keys=False), encoding="utf-8")
+    out.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return out
+
+
+@contextlib.contextmanager
+def redis_server(binary: Path | None, workdir: Path) -> Iterator[str | None]:
+    """A throwaway Redis server for the run (no persistence); None without a binary."""
+    if binary is None:
+        yield None
+        return
+    port = free_port()
+    argv = [str(binary.resolve()), "--port", str(port), "--bind", "127.0.0.1"]
+    argv += ["--save", "", "--appendonly", "no"]  # nothing written to disk
+    proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:  # listening once a TCP connect succeeds
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+            time.sleep(0.1)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def wait_gpus_free(timeout_s: float) -> float:

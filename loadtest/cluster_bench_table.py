@@ -49,8 +49,12 @@ def capacity_rows(results: dict) -> list[tuple[str, str]]:
             ("capacity, 2 replicas / scaling factor", results.get("two_replicas", "blocked: one GPU lent")),
         ]
     rows = []
+    routers = results.get("routers_by_replicas", {})
     for n, cap in sorted(by.items(), key=lambda kv: int(kv[0])):
-        rows += one_capacity(f"capacity, {n} replica{'s' if n != '1' else ''}", cap)
+        label = f"capacity, {n} replica{'s' if n != '1' else ''}"
+        if routers.get(n):
+            label += f", {routers[n]} router{'s' if routers[n] != 1 else ''}"
+        rows += one_capacity(label, cap)
     return [*(rows or [("capacity", "not measured")]), scaling_row(results)]
 
 

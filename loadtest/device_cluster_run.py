@@ -55,6 +55,7 @@ from loadtest.cluster_bench_steps import (
     jsonable,
     machine,
     output_share,
+    redis_server,
     serve_vs_engine,
     wait_gpus_free,
     warm_up,
@@ -76,6 +77,7 @@ class Bench:
     def __init__(self, plan: Plan, out: Path, workdir: Path) -> None:
         self.plan, self.out, self.work = plan, out, workdir
         self.runs = workdir / "runs"
+        self.redis_url: str | None = None  # several routers' shared quota state (--redis-server)
         self.t0 = time.monotonic()
         self.logs: list[str] = []
         self.results: dict = {"plan": jsonable(asdict(plan)), "machine": machine()}
@@ -135,12 +137,15 @@ class Bench:
         p = self.plan
         home = self.work / f"r{n}"  # short: Ray's socket paths live under it
         home.mkdir(parents=True, exist_ok=True)
-        serve = ServeProcess(with_replicas(base_cfg, n), free_port(), home)
+        routers = p.routers_per_replica * n if p.routers_per_replica else None
+        serve = ServeProcess(with_replicas(base_cfg, n, routers, self.redis_url), free_port(), home)
         serve.start()
         try:
             ready = serve.wait_ready(min(p.ready_timeout_s, self.left()), min_replicas=n)
             self.results.setdefault("serve_ready_s", {})[str(n)] = ready
-            self.log(f"cluster of {n} replica(s) ready at {serve.url} after {ready:.0f}s")
+            who = f"{n} replica(s), {routers or 'config'} router(s)"
+            self.log(f"cluster of {who} ready at {serve.url} after {ready:.0f}s")
+            self.results.setdefault("routers_by_replicas", {})[str(n)] = routers
             warm_up(serve.url, model, n)
             if index == 0:
                 self.served(serve.url, loop, engine)
@@ -174,6 +179,8 @@ class Bench:
             k, c = measured[-1]
             tps = p.rescale_start * n / k * c["capacity_output_tps"]
             return tps, f"{p.rescale_start:g} × {n}/{k} × the {k}-replica capacity"
+        if p.start_tps:
+            return p.start_tps * n, f"--start-tps {p.start_tps:g} × {n}"
         return p.start_fraction * n * estimate, f"{p.start_fraction:g} × {n} × the engine estimate"
 
     def sweep(self, index: int, n: int, url: str, model: str, estimate: float) -> None:
@@ -244,6 +251,9 @@ def scaling_factor(by_replicas: dict) -> dict | None:
 
 def pick_plan(args: argparse.Namespace) -> Plan:
     replicas = tuple(int(x) for x in args.replicas.split(",") if x.strip())
+    rung = {"step_duration_s": args.rung_s, "step_drain_s": args.rung_drain_s}
+    rung = {k: v for k, v in rung.items() if v is not None}
+    names = None if args.scenarios is None else tuple(filter(None, args.scenarios.split(",")))
     if not replicas or min(replicas) < 1:
         raise SystemExit(f"--replicas {args.replicas!r}: counts ≥ 1, e.g. 1,2")
     plans = (SMOKE_X2, GPU_X2) if len(replicas) > 1 else (SMOKE, GPU)
@@ -254,10 +264,14 @@ def pick_plan(args: argparse.Namespace) -> Plan:
         budget_s=args.budget_s or plan.budget_s,
         replicas=replicas,
         engine_estimate_tps=args.engine_estimate_tps,
+        sweep=plan.sweep.model_copy(update={"scenario": args.sweep_scenario, **rung}),
+        start_tps=args.start_tps,
+        scenarios=plan.scenarios if names is None else names,
+        routers_per_replica=args.routers_per_replica,
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="Folder for the few files that come back.")
     ap.add_argument("--smoke", action="store_true", help="SmolLM2 random weights on the CPU, tiny rates.")
@@ -269,14 +283,32 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="Skip the engine-alone run; its output tok/s from an earlier run.",
     )
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--sweep-scenario", default="steady", help="The sweep's scenario (steady-long: ~512-token answers)."
+    )
+    ap.add_argument("--start-tps", type=float, help="First rung, output tok/s per replica.")
+    ap.add_argument("--rung-s", type=float, help="Seconds of load per sweep rung (default: the plan's).")
+    ap.add_argument("--rung-drain-s", type=float, help="Seconds a rung's requests get to end.")
+    ap.add_argument("--scenarios", help="Scenarios at 1.5x capacity, comma-separated ('' for none).")
+    ap.add_argument(
+        "--routers-per-replica", type=int, default=0, help="num_routers = this × replicas (0: the config's)."
+    )
+    ap.add_argument(
+        "--redis-server", type=Path, help="A redis-server binary: the routers share quota state through it."
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     plan = pick_plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="fl-bench-"))  # short: Ray's socket paths live under it
     bench = Bench(plan, args.out, workdir)
     code = 0
     try:
-        bench.run()
+        with redis_server(args.redis_server, workdir) as bench.redis_url:
+            bench.run()
         code = 1 if bench.results.get("error") else 0
     except Exception:
         bench.results["error"] = traceback.format_exc()
