@@ -100,6 +100,14 @@ class AppConfig(_Frozen):
             "instead of Ray actor calls: less CPU per request and per streamed item in both processes."
         ),
     )
+    proxy_grpc: bool = Field(
+        default=True,
+        description=(
+            "Serve's HTTP proxy calls the routers over Serve's gRPC channel (RAY_SERVE_PROXY_USE_GRPC=1 in "
+            "every Ray process: set by `fairlane serve` when it starts Ray, and by the chart's pod env): "
+            "about a sixth less router CPU and a fifth less proxy CPU per request."
+        ),
+    )
     serve_access_log: bool = Field(
         default=False,
         description=(

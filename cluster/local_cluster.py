@@ -31,9 +31,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ray(address: str | None, num_cpus: int | None = None) -> None:
-    """Join ``address`` or start a local Ray; workers must import ``cluster`` from this checkout."""
+def ray_env(proxy_grpc: bool | None = True) -> None:
+    """The environment a Ray started from this process hands to every process it starts.
+
+    Workers must import ``cluster`` from this checkout. ``proxy_grpc``: Serve's HTTP proxy reaches
+    the routers over gRPC (RAY_SERVE_PROXY_USE_GRPC); None leaves the variable as it is.
+    """
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    if proxy_grpc is not None:
+        os.environ["RAY_SERVE_PROXY_USE_GRPC"] = "1" if proxy_grpc else "0"
+
+
+def start_ray(address: str | None, num_cpus: int | None = None, proxy_grpc: bool = True) -> None:
+    """Join ``address`` or start a local Ray. A joined cluster keeps its own proxy setting (the
+    chart sets RAY_SERVE_PROXY_USE_GRPC in the pods' env)."""
+    ray_env(proxy_grpc if address is None else None)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
     if address is None:
         kwargs["num_cpus"] = num_cpus or max(4, os.cpu_count() or 1)
@@ -70,7 +82,7 @@ def local_cluster(
     ``on_ray_up`` runs after ``ray.init`` and before Serve opens its port: the one moment a caller
     can put its own signal handlers in place of Ray's before any request can arrive.
     """
-    start_ray(address)
+    start_ray(address, proxy_grpc=config.proxy_grpc)
     try:
         if on_ray_up is not None:
             on_ray_up()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import yaml
 from ray import serve
 
 from cluster.app import build_app
+from cluster.local_cluster import ray_env
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEY_SALT, DEMO_KEYS, default_tenancy_config, hash_api_key
 
 MODEL = "smollm2-135m"
@@ -23,13 +23,10 @@ ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
 ALICE, BOB, CAROL = DEMO_KEYS["alice"], DEMO_KEYS["bob"], DEMO_KEYS["carol"]
 
 
-REPO = str(Path(__file__).resolve().parents[2])
-
-
 @contextlib.contextmanager
 def ray_and_serve(port: int) -> Iterator[int]:
     """Ray sized for a 2-core box (logical CPUs let several replicas share it) and Serve on ``port``."""
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    ray_env(proxy_grpc=True)  # as `fairlane serve` starts Ray: the proxy reaches the routers over gRPC
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:

@@ -4,6 +4,7 @@ access log follows ``serve_access_log``, and the replica streams use the gRPC ch
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 
 from cluster.app import replica_options, router_options
@@ -95,3 +96,15 @@ def test_paced_replica_coalesces_like_the_replica_server() -> None:
         assert sum(len(i["token_ids"]) for i in stream) == 20
         assert [i["finish_reason"] for i in stream][-1] == "length"
         assert stream[-1]["num_output_tokens"] == 20
+
+
+def test_a_ray_started_here_tells_serve_whether_the_proxy_uses_grpc(monkeypatch) -> None:
+    from cluster.local_cluster import ray_env
+
+    monkeypatch.setenv("RAY_SERVE_PROXY_USE_GRPC", "unset-marker")
+    ray_env(proxy_grpc=None)  # joining a cluster: its own setting stays
+    assert os.environ["RAY_SERVE_PROXY_USE_GRPC"] == "unset-marker"
+    ray_env(proxy_grpc=False)
+    assert os.environ["RAY_SERVE_PROXY_USE_GRPC"] == "0"
+    ray_env(proxy_grpc=AppConfig().proxy_grpc)  # the default
+    assert os.environ["RAY_SERVE_PROXY_USE_GRPC"] == "1"

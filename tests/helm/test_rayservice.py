@@ -258,3 +258,13 @@ def test_pod_annotations_change_when_tenants_change(default: Rendered) -> None:
 def test_inconsistent_values_fail_the_render_with_a_clear_message(values: dict, message: str) -> None:
     with pytest.raises(helm_python.HelmError, match=re.escape(message)):
         render(values)
+
+
+@pytest.mark.parametrize("proxy_grpc,value", [(None, "1"), (True, "1"), (False, "0")])
+def test_ray_containers_tell_serve_whether_the_proxy_uses_grpc(proxy_grpc, value) -> None:
+    rendered = render({} if proxy_grpc is None else {"app": {"proxy_grpc": proxy_grpc}})
+    ray_containers = [(w, c) for w, c, _ in rendered.containers() if c["name"].startswith("ray-")]
+    assert ray_containers
+    for where, container in ray_containers:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RAY_SERVE_PROXY_USE_GRPC"] == value, where

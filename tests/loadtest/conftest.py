@@ -7,15 +7,12 @@ them the same way (``tests.cluster.helpers``) and shuts them down at the end.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.loadtest.fake_server import FakeState, fake_server
 
-REPO = str(Path(__file__).resolve().parents[2])
 CLUSTER_APP = "fl-test"  # the name tests/cluster/conftest.py deploys under
 
 
@@ -43,13 +40,14 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import ray
     from ray import serve
 
+    from cluster.local_cluster import ray_env
     from tests.cluster.helpers import start_app, write_tenancy
     from tests.redis_server import free_port
 
     port = _running_serve_port()
     owned = port is None
     if owned:
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+        ray_env(proxy_grpc=True)  # as `fairlane serve` starts Ray
         port = free_port()
         ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         serve.start(http_options={"host": "127.0.0.1", "port": port})

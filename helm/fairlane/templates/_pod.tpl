@@ -1,6 +1,9 @@
 {{/* Pieces shared by the head and the GPU worker pod templates. */}}
 
 {{- define "fairlane.ray.env" -}}
+{{- /* Read by Serve's proxy when it starts: it calls the routers over gRPC (app.proxy_grpc). */}}
+- name: RAY_SERVE_PROXY_USE_GRPC
+  value: {{ ternary "1" "0" (ne .Values.app.proxy_grpc false) | quote }}
 {{- if include "fairlane.redis.secretName" . }}
 - name: FAIRLANE_REDIS_PASSWORD
   valueFrom:
