@@ -141,18 +141,18 @@ class ModelRunner:
             raise RuntimeError("a carried token has no previous step to come from")
         graph_size = self._graph_size(layout)
         mixed_size = self._mixed_size(layout) if graph_size is None else None
+        decode_rows = layout.num_decode  # decode-table rows the step's device work reads
         if graph_size is not None:
             self._pad_decode(buf, layout.num_decode, graph_size)
+            decode_rows = graph_size
         elif mixed_size is not None:
-            mixed.pad_inputs(buf.np, layout, mixed_size, mixed.graph_rows(mixed_size, self.max_seqs))
+            decode_rows = mixed.graph_rows(mixed_size, self.max_seqs)
+            mixed.pad_inputs(buf.np, layout, mixed_size, decode_rows)
         prepare_ms = (time.perf_counter() - t0) * 1000.0
         names = ("start", "h2d_done", "compute_start", "compute_done", "d2h_done")
         events = {name: self.streams.event() for name in names}
         with self.streams.on("h2d"):
             events["start"].record()
-            decode_rows = graph_size if graph_size is not None else layout.num_decode
-            if mixed_size is not None:
-                decode_rows = mixed.graph_rows(mixed_size, self.max_seqs)
             buf.copy_to_device(decode_rows, len(layout.prefills))
             events["h2d_done"].record()
         self.streams.wait("compute", events["h2d_done"])

@@ -84,7 +84,8 @@ class Scheduler:
                 continue
             items.append(self._claim(seq, num_new))
             budget -= num_new
-        has_chunk = any(item.num_new > 1 for item in items)
+        # Only asked when something waits: a steady decode step pays nothing for the rule below.
+        has_chunk = bool(self.waiting) and any(item.num_new > 1 for item in items)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
