@@ -93,6 +93,16 @@ class AppConfig(_Frozen):
             "many streams, 0.05 keeps the per-item cost of the Serve hops below the engine's token rate."
         ),
     )
+    stream_items_per_s: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "A router's budget of streamed items per second over all its open streams (0: none). "
+            "With N streams open, a new stream's items leave at most every max(stream_interval_s, "
+            "N / budget) seconds (1 s at most), so the router's per-item CPU stays bounded as "
+            "replicas and streams are added; each stream's tokens all arrive, in larger items."
+        ),
+    )
     handle_grpc: bool = Field(
         default=True,
         description=(

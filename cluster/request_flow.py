@@ -28,6 +28,19 @@ from tenancy import Lease, QueueFull, QuotaExceeded, QuotaManager, RequestLimitE
 
 RENEW_EVERY_S = 300.0  # well inside the shared store's lease TTL (900 s)
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 2.0)  # lets Serve's replica set catch up with a dead replica
+MAX_STREAM_INTERVAL_S = 1.0  # the coarsest item spacing a stream gets, however many are open
+
+
+def stream_interval(floor_s: float, open_streams: int, items_per_s: float) -> float:
+    """Seconds between one stream's items: ``floor_s``, or the router's item budget shared out.
+
+    Each stream item costs the router (and the proxy) a fixed slice of CPU whatever it carries, so
+    a router with many long streams open spends most of its time on items. Sharing a fixed budget of
+    items per second over the open streams bounds that cost; the tokens all arrive, in larger items.
+    """
+    if items_per_s <= 0:
+        return floor_s
+    return max(floor_s, min(MAX_STREAM_INTERVAL_S, open_streams / items_per_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +78,7 @@ class RequestRunner:
         recorder: TimingRecorder,
         timeouts: Timeouts,
         grpc: bool = False,
+        stream_items_per_s: float = 0.0,
     ) -> None:
         self.quotas = quotas
         self.dispatcher = dispatcher
@@ -74,6 +88,7 @@ class RequestRunner:
         self.metrics = metrics
         self.recorder = recorder
         self.timeouts = timeouts
+        self._items_per_s = stream_items_per_s
 
     async def open(self, job: Job) -> ActiveRequest:
         """Admit, wait for a fair turn, dispatch and wait for the first output."""
@@ -103,10 +118,11 @@ class RequestRunner:
         wait was already spent.
         """
         job = active.job
+        coalesce_s = stream_interval(job.coalesce_s, self.dispatcher.in_flight, self._items_per_s)
         for attempt in range(self.timeouts.first_token_retries + 1):
             engine_id = job.request_id if attempt == 0 else f"{job.request_id}-r{attempt}"
             active.stream = self._replicas.generate.remote(
-                GenerateArgs(engine_id, job.prompt_ids, job.sampling, job.coalesce_s)
+                GenerateArgs(engine_id, job.prompt_ids, job.sampling, coalesce_s)
             )
             try:
                 active.first = await active.next_item(self.timeouts.first_token_s)

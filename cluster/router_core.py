@@ -103,6 +103,7 @@ class RouterCore:
             self.recorder,
             timeouts,
             grpc=config.handle_grpc,
+            stream_items_per_s=config.stream_items_per_s,
         )
 
     def _tenancy_state(self, tenancy: TenancyConfig) -> TenancyState:

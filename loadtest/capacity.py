@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from loadtest.records import RequestRecord
 from loadtest.run_dir import write_run
 from loadtest.runner import run_scenario
 from loadtest.scenario import FixedLength, Scenario, load_scenario
@@ -43,6 +45,9 @@ class SweepRule(BaseModel):
     max_ttft_p99_s: float = Field(default=5.0, gt=0, description="A TTFT p99 above this is saturation.")
     max_error_fraction: float = Field(default=0.01, ge=0, lt=1, description="Non-ok share above this.")
     max_in_flight: int = Field(default=2048, gt=0, description="Client connections; keep above the backlog.")
+    throughput: Literal["span", "window"] = Field(
+        default="span", description="How a rung's achieved output tok/s is taken (module docstring)."
+    )
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class StepResult:
     ok: int
     not_ok: int  # rejected + failed
     achieved_rps: float  # ok / the measured span (first send to last end)
-    achieved_tps: float  # output tokens of ok requests / the span
+    achieved_tps: float  # output tok/s by the rule's ``throughput``: over the span, or the load window
     ttft_p50_s: float | None
     ttft_p99_s: float | None
     tpot_p50_s: float | None
@@ -85,7 +90,31 @@ def load_scale(scenario: Scenario, capacity_tps: float, load_factor: float) -> f
     return load_factor * capacity_tps / offered
 
 
-def step_result(scale: float, scenario: Scenario, summary: dict, client_cpu: float) -> StepResult:
+def delivered_tps(records: Sequence[RequestRecord]) -> float:
+    """Output tokens/s that arrived between the end of the warm-up and the last send, every request's.
+
+    A chunk of an ok request carries its share of that request's tokens; a chunk of a request that
+    did not end ok (cut by the rung's deadline, say) the ok requests' mean tokens per chunk.
+    """
+    measured = [r.scheduled for r in records if not r.warmup]
+    if not measured:
+        return 0.0
+    start, end = min(measured), max(r.scheduled for r in records)
+    if end <= start:
+        return 0.0
+    ok = [r for r in records if r.ok and r.token_times]
+    mean = sum(r.output_tokens for r in ok) / max(1, sum(len(r.token_times) for r in ok))
+    total = 0.0
+    for r in records:
+        per_chunk = r.output_tokens / len(r.token_times) if r.ok and r.token_times else mean
+        total += per_chunk * sum(1 for t in r.token_times if start <= t <= end)
+    return total / (end - start)
+
+
+def step_result(
+    scale: float, scenario: Scenario, summary: dict, client_cpu: float, window_tps: float | None = None
+) -> StepResult:
+    """One rung's result; ``window_tps`` (``delivered_tps``) replaces the span throughput when given."""
     o = summary["overall"]
     return StepResult(
         scale=scale,
@@ -94,7 +123,7 @@ def step_result(scale: float, scenario: Scenario, summary: dict, client_cpu: flo
         ok=o["ok"],
         not_ok=o["rejected"] + o["failed"],
         achieved_rps=o["request_throughput_rps"],
-        achieved_tps=o["output_throughput_tps"],
+        achieved_tps=o["output_throughput_tps"] if window_tps is None else window_tps,
         ttft_p50_s=o["ttft_s"]["p50"],
         ttft_p99_s=o["ttft_s"]["p99"],
         tpot_p50_s=o["tpot_s"]["p50"],
@@ -167,7 +196,8 @@ def run_sweep(
         result = run_scenario(sc, url, admin_key=admin_key, show_progress=False)
         cpu = (time.process_time() - cpu0) / max(1e-9, time.monotonic() - wall0)
         summary = write_run(out / f"step-{i}", sc, url, result)
-        step = step_result(scale, sc, summary, cpu)
+        window = delivered_tps(result.records) if rule.throughput == "window" else None
+        step = step_result(scale, sc, summary, cpu, window)
         step = StepResult(**(asdict(step) | {"saturated": saturation(steps, step, rule)}))
         steps.append(step)
         if on_step:

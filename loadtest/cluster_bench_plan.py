@@ -38,6 +38,8 @@ class Plan:
     engine_estimate_tps: float | None = None  # given: no engine-alone run, this is its throughput
     start_tps: float | None = None  # given: the first count's first rung, output tok/s per replica
     routers_per_replica: int = 0  # > 0: num_routers = this × the replica count (0: the config's)
+    answer_scale: float = 1.0  # the scenarios' answer lengths × this (GPU-length answers: ~16)
+    capacity_tps: float | None = None  # given: no sweep, the scenarios run at load_factor × this
     # Budget guesses for the phases still to come, so an earlier sweep leaves them their time.
     ready_estimate_s: float = 60.0  # cluster start until /health, plus warm-up
     stop_estimate_s: float = 15.0
@@ -146,7 +148,24 @@ def closed_loop(plan: Plan, model: str) -> Scenario:
     )  # fmt: skip
 
 
+def with_answer_scale(scenario: Scenario, factor: float) -> Scenario:
+    """Every tenant's answer lengths × ``factor`` (at least one token): the scenario's shape with
+    answers as long as a GPU serves, so its rate at a multiple of capacity stays within what the
+    routers pass (the shipped scenarios are sized for the CPU default's 24-token answers)."""
+    if factor == 1.0:
+        return scenario
+
+    def longer(spec: dict) -> dict:
+        keys = ("tokens",) if spec["kind"] == "fixed" else ("min", "max")
+        return spec | {k: max(1, round(spec[k] * factor)) for k in keys}
+
+    data = scenario.model_dump()
+    data["tenants"] = [t | {"output": longer(t["output"])} for t in data["tenants"]]
+    return Scenario.model_validate(data)
+
+
 def at_load(name: str, scale: float, plan: Plan, model: str) -> Scenario:
-    sc = load_scenario(name).scaled(scale, plan.scenario_s)
+    """Scenario ``name`` with the plan's answer lengths at ``scale`` (see ``load_scale_for``)."""
+    sc = with_answer_scale(load_scenario(name), plan.answer_scale).scaled(scale, plan.scenario_s)
     updates = {"model": model, "drain_timeout_s": plan.scenario_drain_s, "max_requests": 1_000_000}
     return Scenario.model_validate(sc.model_dump() | updates | {"max_in_flight": plan.max_in_flight})

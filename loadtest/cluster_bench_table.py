@@ -12,15 +12,18 @@ def _tps(v: float | None) -> str:
 
 
 def one_capacity(label: str, cap: dict) -> list[tuple[str, str]]:
+    if "source" in cap:
+        return [(label, f"{_tps(cap['capacity_output_tps'])} out tok/s ({cap['source']})")]
     if "steps" not in cap:
         return [(label, cap.get("skipped", "not measured"))]
     steps = cap["steps"]
-    ladder = " → ".join(f"{s['achieved_rps']:.1f}" for s in steps)
+    ladder = " → ".join(f"{s['offered_rps']:.1f}: {s['achieved_tps']:,.0f}" for s in steps)
     bound = "" if cap["saturated"] else " (not saturated: a lower bound)"
     value = f"{_tps(cap['capacity_rps'])} req/s, {_tps(cap['capacity_output_tps'])} out tok/s{bound}"
+    rule = cap.get("rule", {})
     return [
-        (f"{label} (steady)", value),
-        ("  sweep: achieved req/s per rung", ladder),
+        (f"{label} ({rule.get('scenario', 'steady')}, tok/s by {rule.get('throughput', 'span')})", value),
+        ("  sweep: offered req/s: achieved out tok/s", ladder),
         ("  saturation", cap["reason"] or "none within the ladder"),
         ("  load generator CPU (max of rungs)", num(max((s["client_cpu"] for s in steps), default=None))),
     ]

@@ -48,6 +48,7 @@ from loadtest.cluster_bench_plan import (
     at_load,
     closed_loop,
     effective_config,
+    with_answer_scale,
 )
 from loadtest.cluster_bench_steps import (
     bundle,
@@ -69,6 +70,7 @@ from loadtest.serve_process import ServeProcess, free_port
 from tenancy import DEMO_ADMIN_KEY
 
 ESTIMATE_SOURCE = "--engine-estimate-tps: an earlier engine-alone run's figure, not measured in this run"
+CAPACITY_SOURCE = "--capacity-tps: an earlier run's sweep, not measured in this run"
 
 
 class Bench:
@@ -185,6 +187,12 @@ class Bench:
 
     def sweep(self, index: int, n: int, url: str, model: str, estimate: float) -> None:
         p = self.plan
+        if p.capacity_tps is not None:  # an earlier run's sweep: only the scenarios run here
+            cap = {"replicas": n, "capacity_output_tps": p.capacity_tps, "source": CAPACITY_SOURCE}
+            self.log(f"{n} replica(s): no sweep; capacity {p.capacity_tps:,.1f} out tok/s, an earlier run's")
+            self.results["capacity_by_replicas"][str(n)] = cap
+            self.results["capacity"] = cap
+            return
         steady_tps = offered_output_tps(load_scenario(p.sweep.scenario))
         first_tps, basis = self.first_rung_tps(n, estimate)
         # The plan's start_scale is a floor: a first rung too slow to send a handful of requests is wasted.
@@ -224,7 +232,8 @@ class Bench:
                 self.log(f"{name}: {run['skipped']}")
                 continue
             time.sleep(2.0)  # the last rung's cancelled requests are aborted on the replica meanwhile
-            scale = p.load_factor * cap / offered_output_tps(load_scenario(name))
+            base = with_answer_scale(load_scenario(name), p.answer_scale)
+            scale = p.load_factor * cap / offered_output_tps(base)
             sc = at_load(name, scale, p, model)
             run["scale"] = scale
             self.log(f"{name} at ×{p.load_factor:g} capacity: scale {scale:.3g}")
@@ -251,7 +260,13 @@ def scaling_factor(by_replicas: dict) -> dict | None:
 
 def pick_plan(args: argparse.Namespace) -> Plan:
     replicas = tuple(int(x) for x in args.replicas.split(",") if x.strip())
-    rung = {"step_duration_s": args.rung_s, "step_drain_s": args.rung_drain_s}
+    rung = {
+        "step_duration_s": args.rung_s,
+        "step_drain_s": args.rung_drain_s,
+        "factor": args.factor,
+        "warmup_fraction": args.rung_warmup_fraction,
+        "throughput": args.rung_throughput,
+    }
     rung = {k: v for k, v in rung.items() if v is not None}
     names = None if args.scenarios is None else tuple(filter(None, args.scenarios.split(",")))
     if not replicas or min(replicas) < 1:
@@ -268,6 +283,8 @@ def pick_plan(args: argparse.Namespace) -> Plan:
         start_tps=args.start_tps,
         scenarios=plan.scenarios if names is None else names,
         routers_per_replica=args.routers_per_replica,
+        answer_scale=args.answer_scale,
+        capacity_tps=args.capacity_tps,
     )
 
 
@@ -289,7 +306,20 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--start-tps", type=float, help="First rung, output tok/s per replica.")
     ap.add_argument("--rung-s", type=float, help="Seconds of load per sweep rung (default: the plan's).")
     ap.add_argument("--rung-drain-s", type=float, help="Seconds a rung's requests get to end.")
+    ap.add_argument("--factor", type=float, help="Rate multiplier from one rung to the next (plan: 1.5).")
+    ap.add_argument("--rung-warmup-fraction", type=float, help="Share of a rung left unmeasured (0.1).")
+    ap.add_argument(
+        "--rung-throughput",
+        choices=("span", "window"),
+        help="A rung's output tok/s: over first send to last end (span), or while its load is on (window).",
+    )
+    ap.add_argument(
+        "--capacity-tps", type=float, help="Skip the sweep; the scenarios' capacity from an earlier run's."
+    )
     ap.add_argument("--scenarios", help="Scenarios at 1.5x capacity, comma-separated ('' for none).")
+    ap.add_argument(
+        "--answer-scale", type=float, default=1.0, help="The scenarios' answer lengths x this (GPU: ~16)."
+    )
     ap.add_argument(
         "--routers-per-replica", type=int, default=0, help="num_routers = this × replicas (0: the config's)."
     )

@@ -12,11 +12,13 @@ from loadtest.capacity import (
     StepResult,
     SweepRule,
     capacity,
+    delivered_tps,
     load_scale,
     offered_output_tps,
     run_sweep,
     saturation,
 )
+from loadtest.records import RequestRecord
 from loadtest.scenario import load_scenario
 from tests.loadtest.fake_server import CAPPED_HOLD_S
 
@@ -81,3 +83,23 @@ def test_sweep_against_a_capped_server_stops_at_its_capacity(fake, tmp_path: Pat
     assert not any(s["saturated"] for s in steps[:-1])
     assert 0.4 * capacity_rps <= result["capacity_rps"] <= 1.1 * capacity_rps
     assert (tmp_path / "sweep" / "step-0" / "summary.json").exists()
+
+
+def _record(scheduled: float, token_times: list[float], tokens: int, ok: bool = True, warmup: bool = False):
+    return RequestRecord(
+        request_id=f"r{scheduled}", tenant="a", sla_class="batch", weight=1.0, scheduled=scheduled,
+        sent=scheduled, token_times=token_times, output_tokens=tokens if ok else 0,
+        status="ok" if ok else "cancelled", warmup=warmup,
+    )  # fmt: skip
+
+
+def test_window_throughput_counts_the_tokens_that_arrived_while_the_load_was_on() -> None:
+    records = [
+        _record(0.0, [1.0, 3.0, 5.0], 30, warmup=True),  # 10 tokens a chunk; 2 chunks inside [2, 6]
+        _record(2.0, [2.5, 7.0], 8),  # 4 a chunk; one inside
+        _record(4.0, [4.5, 5.5, 9.0], 0, ok=False),  # cut: the ok mean, 43 tokens / 6 chunks, for 2
+        _record(6.0, [6.5], 5),  # sent last: closes the window at 6.0, its chunk after it
+    ]
+    # window [2, 6] (first measured send to last send): 2 x 10 + 4 + 2 x 43/6, over 4 s
+    assert delivered_tps(records) == pytest.approx((20 + 4 + 2 * 43 / 6) / 4)
+    assert delivered_tps(records[:1]) == 0.0  # warm-up only: no window

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import redis
 import yaml
 
+from loadtest.capacity import offered_output_tps
+from loadtest.cluster_bench_plan import at_load, with_answer_scale
 from loadtest.cluster_bench_steps import redis_server, with_replicas
 from loadtest.device_cluster_run import Bench, parser, pick_plan
+from loadtest.scenario import load_scenario
 from tests.redis_server import redis_server_binary
 
 
@@ -43,6 +47,31 @@ def test_plan_takes_the_sweep_shape_and_router_options() -> None:
     assert tps == 4500 and "--start-tps" in basis
     default = pick_plan(_args("--replicas", "1,2"))
     assert default.scenarios == ("noisy-neighbour", "mixed-sla") and default.sweep.scenario == "steady"
+    assert default.answer_scale == 1.0 and default.sweep.factor == 1.5 and default.sweep.throughput == "span"
+
+
+def test_plan_takes_a_finer_ladder_a_window_throughput_and_longer_answers() -> None:
+    plan = pick_plan(
+        _args(
+            "--replicas", "1,2", "--factor", "1.25", "--rung-warmup-fraction", "0.25",
+            "--rung-throughput", "window", "--answer-scale", "16",
+        )
+    )  # fmt: skip
+    assert plan.sweep.factor == 1.25 and plan.sweep.warmup_fraction == 0.25
+    assert plan.sweep.throughput == "window" and plan.answer_scale == 16
+
+
+def test_answer_scale_lengthens_every_answer_and_keeps_the_offer_in_tokens() -> None:
+    base = load_scenario("mixed-sla")  # alice uniform 8-24 tokens, carol fixed 48
+    long = with_answer_scale(base, 16)
+    alice, carol = long.tenants
+    assert (alice.output.min, alice.output.max, carol.output.tokens) == (128, 384, 768)
+    assert [t.prompt for t in long.tenants] == [t.prompt for t in base.tenants]  # prompts untouched
+    assert with_answer_scale(base, 1.0) is base
+    # at_load scales the longer scenario: the same tokens/s offered need 16x fewer requests
+    plan = pick_plan(_args("--answer-scale", "16"))
+    scale = 1.5 * 20_000 / offered_output_tps(long)
+    assert offered_output_tps(at_load("mixed-sla", scale, plan, "m")) == pytest.approx(30_000)
 
 
 def test_run_local_redis_answers_and_stops(tmp_path: Path) -> None:
