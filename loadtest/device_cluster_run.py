@@ -285,6 +285,7 @@ def pick_plan(args: argparse.Namespace) -> Plan:
         routers_per_replica=args.routers_per_replica,
         answer_scale=args.answer_scale,
         capacity_tps=args.capacity_tps,
+        rescale_start=args.rescale_start or plan.rescale_start,
     )
 
 
@@ -307,6 +308,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rung-s", type=float, help="Seconds of load per sweep rung (default: the plan's).")
     ap.add_argument("--rung-drain-s", type=float, help="Seconds a rung's requests get to end.")
     ap.add_argument("--factor", type=float, help="Rate multiplier from one rung to the next (plan: 1.5).")
+    ap.add_argument(
+        "--rescale-start", type=float, help="A later count's first rung: R × count ratio × capacity (0.5)."
+    )
     ap.add_argument("--rung-warmup-fraction", type=float, help="Share of a rung left unmeasured (0.1).")
     ap.add_argument(
         "--rung-throughput",

@@ -54,9 +54,10 @@ def test_plan_takes_a_finer_ladder_a_window_throughput_and_longer_answers() -> N
     plan = pick_plan(
         _args(
             "--replicas", "1,2", "--factor", "1.25", "--rung-warmup-fraction", "0.25",
-            "--rung-throughput", "window", "--answer-scale", "16",
+            "--rung-throughput", "window", "--answer-scale", "16", "--rescale-start", "0.8",
         )
     )  # fmt: skip
+    assert plan.rescale_start == 0.8 and pick_plan(_args()).rescale_start == 0.5
     assert plan.sweep.factor == 1.25 and plan.sweep.warmup_fraction == 0.25
     assert plan.sweep.throughput == "window" and plan.answer_scale == 16
 
