@@ -146,3 +146,20 @@ def test_warm_up_tunes_then_captures() -> None:
     graph.replay()
     torch.cuda.synchronize()
     _check(out, x, w)
+
+
+def test_split_k_first_seen_in_capture_runs_unsplit() -> None:
+    """A split-K config whose buffers were never allocated must not allocate inside a capture."""
+    n, k, rows = 3008, 2048, 16  # an N no other test uses: no split-K buffers exist for it yet
+    w = torch.randn((n, k), device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn((rows, k), device="cuda", dtype=torch.bfloat16)
+    sk.skinny_linear(x, w, config=sk.SkinnyConfig(64, 128, 1, 4, 4))  # compile the unsplit variant
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sk.skinny_linear(x, w, config=sk.SkinnyConfig(64, 128, 2, 4, 4))
+    assert not any(width == n for (_device, width, _split) in sk._SPLIT_BUFFERS)
+    x.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(out, x, w)
