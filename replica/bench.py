@@ -47,6 +47,7 @@ async def run_engine(args, mode: str) -> dict:
         max_num_batched_tokens=args.max_batched_tokens,
         gil_switch_interval_ms=args.gil_switch_ms,
         mixed_cuda_graphs=not args.no_mixed_graphs,
+        keep_prompts_whole=not args.split_prompts,
     )
     engine = Engine(config)
     await engine.start()
@@ -429,6 +430,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="async,sync,hf-single")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per engine mode (median kept)")
     p.add_argument("--no-mixed-graphs", action="store_true", help="run mixed steps eagerly")
+    p.add_argument(
+        "--split-prompts", action="store_true", help="fill each step's budget (keep_prompts_whole off)"
+    )
     p.add_argument("--gil-switch-ms", type=float, default=0.5, help="the engine's GIL switch interval")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
     p.add_argument("--hf-cb-timeout", type=float, default=240.0, help="seconds for the hf-cb child")

@@ -35,6 +35,11 @@ class EngineConfig:
     # CUDA, bf16/fp16: graphs also for greedy steps that mix decode rows with prompt chunks starting
     # their sequence (padded to a token ladder; see replica/mixed_graphs.py). Needs cuda_graphs.
     mixed_cuda_graphs: bool = True
+    # Where mixed graphs run: a prompt that fits a step whole is not split behind another prompt's
+    # chunk (it starts the next step), so prefill steps stay graphable. On the H200 it cut SmolLM2's
+    # TTFT p50 from 38 to 11 ms; on the 8B shape's lockstep benchmark (32 equal prompts) it cost
+    # 2-3% decode throughput (BENCHMARKS.md). False: prompts are split to fill every step's budget.
+    keep_prompts_whole: bool = True
     fused_kernels: bool = True  # CUDA: Triton kernels for norm+residual, rope+KV write, SiLU×up
     weights_seed: int = 0
     profile_history: int = 4096  # steps kept by the step profiler

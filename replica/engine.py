@@ -86,7 +86,10 @@ class Engine:
             self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
             cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
         )  # fmt: skip
-        scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width)
+        whole = cfg.keep_prompts_whole and runner.mixed_graphs is not None  # the rule serves the graphs
+        scheduler = Scheduler(
+            blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width, keep_prompts_whole=whole
+        )
         return EngineCore(runner, scheduler, self._eos_ids(), cfg.mode, cfg.profile_history)
 
     def _default_num_blocks(self) -> int:

@@ -2,8 +2,9 @@
 
 Every step, running sequences go first (a decode token, or the next chunk of a long prompt), then
 waiting ones join in arrival order while the token budget, the sequence cap and the KV cache allow.
-A prompt that fits one step whole is not split behind another prompt's chunk: it starts the next
-step instead, so steps rarely continue a prompt (those run eagerly; see mixed_graphs.py).
+With ``keep_prompts_whole`` (on where mixed CUDA graphs run), a prompt that fits one step whole is
+not split behind another prompt's chunk: it starts the next step instead, so steps rarely continue
+a prompt (those run eagerly; see mixed_graphs.py).
 Prefill and decode share one step. When the cache runs out, the most recently arrived running
 sequence is preempted: its blocks are freed and it is recomputed later from its tokens.
 
@@ -47,9 +48,15 @@ class StepPlan:
 
 class Scheduler:
     def __init__(
-        self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, table_width: int = 256
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        table_width: int = 256,
+        keep_prompts_whole: bool = True,
     ) -> None:
         self.blocks = blocks
+        self.keep_prompts_whole = keep_prompts_whole
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.block_rows = np.zeros((max_num_seqs, table_width), dtype=np.int64)
@@ -85,7 +92,7 @@ class Scheduler:
             items.append(self._claim(seq, num_new))
             budget -= num_new
         # Only asked when something waits: a steady decode step pays nothing for the rule below.
-        has_chunk = bool(self.waiting) and any(item.num_new > 1 for item in items)
+        has_chunk = self.keep_prompts_whole and bool(self.waiting) and any(i.num_new > 1 for i in items)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
@@ -107,7 +114,7 @@ class Scheduler:
             self._take_row(seq)
             items.append(self._claim(seq, num_new))
             budget -= num_new
-            has_chunk = has_chunk or num_new > 1
+            has_chunk = has_chunk or (self.keep_prompts_whole and num_new > 1)
         return self._plan(items) if items else None
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:

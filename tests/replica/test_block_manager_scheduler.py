@@ -86,3 +86,11 @@ def test_prompt_is_split_when_only_decodes_share_the_step():
     sched.add(second)
     plan = sched.schedule()  # a decode beside it: b would never fit whole, so it is chunked now
     assert [(i.seq.request_id, i.num_new) for i in plan.items] == [("a", 1), ("b", 9)]
+
+
+def test_without_keep_prompts_whole_a_prompt_fills_the_step_behind_a_chunk():
+    sched = Scheduler(BlockManager(64, 4), 8, max_num_batched_tokens=10, keep_prompts_whole=False)
+    for seq in (_seq("a", 6), _seq("b", 6), _seq("c", 3)):
+        sched.add(seq)
+    plan = sched.schedule()  # the budget is filled: b's first 4 tokens ride behind a's chunk
+    assert [(i.seq.request_id, i.num_new) for i in plan.items] == [("a", 6), ("b", 4)]
