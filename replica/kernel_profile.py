@@ -23,7 +23,14 @@ from replica.sampling_params import SamplingParams
 
 
 async def _profile(args) -> dict:
-    engine = Engine(EngineConfig(model=args.model, random_weights=args.random_weights, device="cuda"))
+    config = EngineConfig(
+        model=args.model,
+        random_weights=args.random_weights,
+        device="cuda",
+        max_num_batched_tokens=args.max_batched_tokens,
+        keep_prompts_whole=not args.split_prompts,
+    )
+    engine = Engine(config)
     await engine.start()
     prompts = make_prompts(engine.loaded.config.vocab_size, args.batch, args.prompt_len)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
@@ -103,6 +110,8 @@ def main() -> None:
     p.add_argument("--settle-s", type=float, default=1.0)
     p.add_argument("--window-s", type=float, default=0.3)
     p.add_argument("--phase", choices=("decode", "prefill", "mixed"), default="decode")
+    p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step token budget")
+    p.add_argument("--split-prompts", action="store_true", help="keep_prompts_whole off")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     result = asyncio.run(_profile(args))
