@@ -9,9 +9,10 @@ import redis
 import yaml
 
 from loadtest.capacity import offered_output_tps
+from loadtest.cluster_bench_args import parser, pick_plan
 from loadtest.cluster_bench_plan import at_load, with_answer_scale
 from loadtest.cluster_bench_steps import redis_server, with_replicas
-from loadtest.device_cluster_run import Bench, parser, pick_plan
+from loadtest.device_cluster_run import Bench
 from loadtest.scenario import load_scenario
 from tests.redis_server import redis_server_binary
 
