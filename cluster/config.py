@@ -94,7 +94,7 @@ class AppConfig(_Frozen):
         ),
     )
     stream_items_per_s: float = Field(
-        default=0.0,
+        default=1000.0,
         ge=0,
         description=(
             "A router's budget of streamed items per second over all its open streams (0: none). "

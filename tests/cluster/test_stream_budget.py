@@ -22,7 +22,7 @@ def test_the_interval_is_the_floor_until_the_budget_is_shared_out() -> None:
     assert stream_interval(0.05, 10, 1000.0) == 0.05  # 10 streams share 1000 items/s: the floor binds
     assert stream_interval(0.05, 200, 1000.0) == pytest.approx(0.2)  # 200 streams: 5 items/s each
     assert stream_interval(0.0, 10**6, 1000.0) == MAX_STREAM_INTERVAL_S  # never coarser than 1 s
-    assert AppConfig().stream_items_per_s == 0.0  # off unless a config asks for it
+    assert AppConfig().stream_items_per_s == 1000.0  # on by default: a few streams never feel it
 
 
 class _Stream:
