@@ -340,7 +340,6 @@ def _hf_cb_in_child(args) -> dict:
             limit = args.hf_cb_timeout
             done = subprocess.run(argv, timeout=limit, check=False, capture_output=True, text=True)
         except subprocess.TimeoutExpired:
-            limit = args.hf_cb_timeout
             return {"mode": "hf-cb", "error": f"did not finish within {limit} s (warm-up included)"}
         if not out.exists():
             tail = done.stderr.strip().splitlines()[-3:]

@@ -91,8 +91,9 @@ class Scheduler:
                 continue
             items.append(self._claim(seq, num_new))
             budget -= num_new
-        # Only asked when something waits: a steady decode step pays nothing for the rule below.
-        has_chunk = self.keep_prompts_whole and bool(self.waiting) and any(i.num_new > 1 for i in items)
+        # The whole-prompt rule is asked only when something waits: a steady decode step pays nothing.
+        rule = self.keep_prompts_whole and bool(self.waiting)
+        has_chunk = rule and any(item.num_new > 1 for item in items)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
@@ -114,7 +115,7 @@ class Scheduler:
             self._take_row(seq)
             items.append(self._claim(seq, num_new))
             budget -= num_new
-            has_chunk = has_chunk or (self.keep_prompts_whole and num_new > 1)
+            has_chunk = has_chunk or (rule and num_new > 1)
         return self._plan(items) if items else None
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
