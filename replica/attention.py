@@ -24,6 +24,14 @@ class PrefillChunk:
     block_table: torch.Tensor  # [num_blocks_of_seq] int64, on the device
 
 
+@dataclass(frozen=True)
+class DecodeKernelShape:
+    """How the Triton decode kernel (replica/triton_decode.py) divides its work."""
+
+    splits: int | None = None  # context splits per (sequence, KV head); None: from the batch size
+    tile: int = 128  # cache tokens per loop iteration
+
+
 @dataclass
 class AttentionMetadata:
     """Where each new token's keys go and what each query may attend to."""
@@ -44,6 +52,7 @@ class AttentionMetadata:
     prefill_max_k: int = 0
     # "flash_padded" (a mixed CUDA graph, see mixed_graphs.py): the step's decode row count on the device
     decode_rows: torch.Tensor | None = None
+    decode_kernel: DecodeKernelShape = DecodeKernelShape()  # CUDA: how the Triton decode kernel divides work
 
 
 def write_kv(
@@ -109,7 +118,14 @@ def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -
     from replica.triton_decode import paged_decode_attention
 
     return paged_decode_attention(
-        q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+        q,
+        k_cache,
+        v_cache,
+        meta.decode_block_tables,
+        meta.decode_context_lens,
+        scale,
+        splits=meta.decode_kernel.splits,
+        tokens_per_iter=meta.decode_kernel.tile,
     )
 
 

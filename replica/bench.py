@@ -48,6 +48,9 @@ async def run_engine(args, mode: str) -> dict:
         gil_switch_interval_ms=args.gil_switch_ms,
         mixed_cuda_graphs=not args.no_mixed_graphs,
         keep_prompts_whole=not args.split_prompts,
+        decode_attention_splits=args.decode_splits,
+        decode_attention_tile=args.decode_tile,
+        decode_k_slices=args.k_slices,
     )
     engine = Engine(config)
     await engine.start()
@@ -432,6 +435,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--split-prompts", action="store_true", help="fill each step's budget (keep_prompts_whole off)"
     )
+    p.add_argument("--decode-splits", type=int, default=None, help="decode attention splits (default: auto)")
+    p.add_argument("--decode-tile", type=int, default=128, help="decode attention tokens per iteration")
+    p.add_argument("--k-slices", type=int, default=2, help="decode o/down projections as K-slice partials")
     p.add_argument("--gil-switch-ms", type=float, default=0.5, help="the engine's GIL switch interval")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
     p.add_argument("--hf-cb-timeout", type=float, default=240.0, help="seconds for the hf-cb child")

@@ -41,6 +41,15 @@ class EngineConfig:
     # 2-3% decode throughput (BENCHMARKS.md). False: prompts are split to fill every step's budget.
     keep_prompts_whole: bool = True
     fused_kernels: bool = True  # CUDA: Triton kernels for norm+residual, rope+KV write, SiLU×up
+    # CUDA: the paged decode kernel's context splits per (sequence, KV head). None: from the batch
+    # size (replica/triton_decode.py `default_splits`); 1: each program walks its whole context.
+    decode_attention_splits: int | None = None
+    decode_attention_tile: int = 128  # CUDA: cache tokens per iteration of that kernel (16 to 256)
+    # CUDA bf16/fp16, fused kernels, decode-sized steps: the output and down projections as this
+    # many float32 K-slice partial products, added by the next residual-add + RMSNorm kernel,
+    # instead of cuBLAS's split-K with its own reduce kernel. 0 or 1: cuBLAS decides.
+    # Two measured best on the 8B shape at batch 32 (BENCHMARKS.md).
+    decode_k_slices: int = 2
     weights_seed: int = 0
     profile_history: int = 4096  # steps kept by the step profiler
     # The interpreter's thread switch interval while a CUDA engine runs (None: leave Python's 5 ms).
@@ -70,5 +79,11 @@ class EngineConfig:
             raise InvalidRequestError("gpu_memory_fraction must be in (0, 1)")
         if self.gil_switch_interval_ms is not None and not 0.0 < self.gil_switch_interval_ms <= 100.0:
             raise InvalidRequestError("gil_switch_interval_ms must be in (0, 100]")
+        if self.decode_attention_splits is not None and not 1 <= self.decode_attention_splits <= 64:
+            raise InvalidRequestError("decode_attention_splits must be in [1, 64]")
+        if self.decode_attention_tile not in (16, 32, 64, 128, 256):
+            raise InvalidRequestError("decode_attention_tile must be a power of two in [16, 256]")
+        if self.decode_k_slices < 0 or self.decode_k_slices > 16:
+            raise InvalidRequestError("decode_k_slices must be in [0, 16]")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise InvalidRequestError("max_model_len must be greater than 1")

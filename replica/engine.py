@@ -24,6 +24,7 @@ from collections.abc import Sequence as SeqOf
 
 import torch
 
+from replica.attention import DecodeKernelShape
 from replica.block_manager import BlockManager
 from replica.config import EngineConfig
 from replica.detokenizer import IncrementalDetokenizer
@@ -85,6 +86,7 @@ class Engine:
         runner = ModelRunner(
             self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
             cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
+            DecodeKernelShape(cfg.decode_attention_splits, cfg.decode_attention_tile), cfg.decode_k_slices,
         )  # fmt: skip
         whole = cfg.keep_prompts_whole and runner.mixed_graphs is not None  # the rule serves the graphs
         scheduler = Scheduler(

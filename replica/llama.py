@@ -13,6 +13,18 @@ from torch import nn
 from replica.attention import AttentionMetadata, paged_attention, write_kv
 from replica.rope import RotaryEmbedding
 
+PARTIALS_MAX_ROWS = 64  # K-slice partials pay off where cuBLAS splits K: decode-sized batches
+
+
+def project(linear: nn.Linear, x: torch.Tensor, k_slices: int) -> torch.Tensor:
+    """linear(x), or with k_slices > 1 (and a decode-sized x) its float32 K-slice partial products,
+    which the next `add_rmsnorm` adds (see replica/triton_fused.py `linear_partials`)."""
+    if k_slices > 1 and x.shape[0] <= PARTIALS_MAX_ROWS and x.shape[1] % k_slices == 0:
+        from replica.triton_fused import linear_partials
+
+        return linear_partials(x, linear.weight, k_slices)
+    return linear(x)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
@@ -52,7 +64,9 @@ class Attention(nn.Module):
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
-    def forward_fused(self, x, positions, rope_table, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward_fused(
+        self, x, positions, rope_table, kv_cache, meta: AttentionMetadata, k_slices: int = 0
+    ) -> torch.Tensor:
         """CUDA: one kernel rotates q and k in place and writes k and v to the cache."""
         from replica.triton_fused import rope_and_cache
 
@@ -65,7 +79,7 @@ class Attention(nn.Module):
         k = k.view(-1, self.kv_heads, self.head_dim)
         v = v.view(-1, self.kv_heads, self.head_dim)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return project(self.o_proj, out.reshape(-1, self.q_size), k_slices)
 
 
 class MLP(nn.Module):
@@ -79,10 +93,10 @@ class MLP(nn.Module):
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)
 
-    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_fused(self, x: torch.Tensor, k_slices: int = 0) -> torch.Tensor:
         from replica.triton_fused import silu_mul
 
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        return project(self.down_proj, silu_mul(self.gate_up_proj(x)), k_slices)
 
 
 class DecoderLayer(nn.Module):
@@ -116,6 +130,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg, self.head_dim)
         self.fused = False  # the model runner turns on the fused Triton path on CUDA
+        self.k_slices = 0  # fused path: o/down projections as K-slice partials (see `project`)
 
     def forward(
         self,
@@ -141,10 +156,11 @@ class LlamaForCausalLM(nn.Module):
         eps = self.config.rms_norm_eps
         hidden = add_rmsnorm(residual, None, self.layers[0].input_layernorm.weight, eps)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            attn = layer.self_attn.forward_fused(hidden, positions, table, kv_cache, meta)
+            attn = layer.self_attn.forward_fused(hidden, positions, table, kv_cache, meta, self.k_slices)
             hidden = add_rmsnorm(attn, residual, layer.post_attention_layernorm.weight, eps)
             after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            hidden = add_rmsnorm(layer.mlp.forward_fused(hidden), residual, after.weight, eps)
+            mlp = layer.mlp.forward_fused(hidden, self.k_slices)
+            hidden = add_rmsnorm(mlp, residual, after.weight, eps)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

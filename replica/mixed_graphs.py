@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from replica.attention import AttentionMetadata
+from replica.attention import AttentionMetadata, DecodeKernelShape
 
 MAX_CHUNKS = 16  # prompt chunks one mixed graph takes; the flash grid grows with it
 
@@ -65,7 +65,12 @@ def pad_inputs(arrays: dict[str, np.ndarray], layout, tokens: int, rows: int) ->
     arrays["num_decode"][0] = nd
 
 
-def metadata(dev: dict[str, torch.Tensor], tokens: int, rows: int) -> AttentionMetadata:
+def metadata(
+    dev: dict[str, torch.Tensor],
+    tokens: int,
+    rows: int,
+    decode_kernel: DecodeKernelShape = DecodeKernelShape(),
+) -> AttentionMetadata:
     """The fixed-shape attention inputs of a mixed graph over the IO set `dev`."""
     bounds = slice(0, MAX_CHUNKS + 1)
     return AttentionMetadata(
@@ -74,4 +79,5 @@ def metadata(dev: dict[str, torch.Tensor], tokens: int, rows: int) -> AttentionM
         prefills=[], decode_backend="triton", prefill_backend="flash_padded",
         prefill_cu_q=dev["prefill_cu_q"][bounds], prefill_cu_k=dev["prefill_cu_k"][bounds],
         prefill_max_q=tokens, prefill_max_k=tokens, decode_rows=dev["num_decode"],
+        decode_kernel=decode_kernel,
     )  # fmt: skip

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from replica import mixed_graphs as mixed
-from replica.attention import AttentionMetadata, PrefillChunk
+from replica.attention import AttentionMetadata, DecodeKernelShape, PrefillChunk
 from replica.cuda_graphs import DecodeGraphs
 from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
@@ -71,6 +71,8 @@ class ModelRunner:
         cuda_graphs: bool = True,
         fused_kernels: bool = True,
         mixed_graphs: bool = True,
+        decode_kernel: DecodeKernelShape = DecodeKernelShape(),
+        k_slices: int = 0,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -86,9 +88,11 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.decode_backend = "triton" if device.type == "cuda" else "torch"
+        self.decode_kernel = decode_kernel
         flash = flash_varlen_available(device, dtype, model.head_dim)
         self.prefill_backend = "flash" if flash else "torch"
         model.fused = device.type == "cuda" and fused_kernels
+        model.k_slices = k_slices if model.fused and dtype in (torch.bfloat16, torch.float16) else 0
         self.buffers = [
             StepBuffers(device, max(max_tokens, max_seqs), max_seqs, self.table_width) for _ in (0, 1)
         ]
@@ -219,7 +223,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=dev["slot_mapping"][:size], num_decode=size,
             decode_block_tables=dev["decode_tables"][:size], decode_context_lens=dev["decode_lens"][:size],
-            prefills=[], decode_backend=self.decode_backend,
+            prefills=[], decode_backend=self.decode_backend, decode_kernel=self.decode_kernel,
         )  # fmt: skip
         hidden = self.model(self._carried_ids(set_index, size), dev["positions"][:size], self.kv_caches, meta)
         buf.samples_dev[:size].copy_(self.model.compute_logits(hidden).argmax(dim=-1))
@@ -229,7 +233,7 @@ class ModelRunner:
         buf = self.buffers[set_index]
         dev = buf.dev
         rows = mixed.graph_rows(tokens, self.max_seqs)
-        meta = mixed.metadata(dev, tokens, rows)
+        meta = mixed.metadata(dev, tokens, rows, self.decode_kernel)
         hidden = self.model(
             self._carried_ids(set_index, tokens), dev["positions"][:tokens], self.kv_caches, meta
         )
@@ -248,6 +252,7 @@ class ModelRunner:
             decode_context_lens=dev["decode_lens"][:nd],
             prefills=[PrefillChunk(q, n, ctx, dev["prefill_tables"][r]) for q, n, ctx, r in layout.prefills],
             decode_backend=self.decode_backend, prefill_backend=self.prefill_backend,
+            decode_kernel=self.decode_kernel,
             prefill_cu_q=dev["prefill_cu_q"][: n + 1], prefill_cu_k=dev["prefill_cu_k"][: n + 1],
             prefill_max_q=layout.prefill_max_q, prefill_max_k=layout.prefill_max_k,
         )  # fmt: skip

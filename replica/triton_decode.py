@@ -1,9 +1,18 @@
 """Paged decode attention as a Triton kernel: reads K/V through the block table, in place.
 
-One program per (sequence, KV head) computes the attention of that head's group of query heads
-(grouped-query attention) over the sequence's context with an online softmax, so no contiguous copy
-of the cache is ever made. The group is padded to 16 rows for the matrix instructions. Context
-lengths come from a device tensor, so the kernel is captured unchanged in CUDA graphs.
+One program per (sequence, KV head, context split) computes the attention of that head's group of
+query heads (grouped-query attention) over its share of the context with an online softmax, so no
+contiguous copy of the cache is ever made. The group is padded to 16 rows for the matrix
+instructions. Context lengths come from a device tensor, so the kernel is captured unchanged in
+CUDA graphs.
+
+Why splits: a small batch gives few (sequence, head) programs for the 132 multiprocessors, each
+walking its whole context alone. Splitting the context (flash-decoding) multiplies the programs
+until there are about two per multiprocessor; at batch 32 with 8 KV heads there already are, and
+more splits measured slower on the H200 (docs/bench/h200_decode_attention_sweep.json). The splits'
+partial results meet without a second kernel: each program leaves its partial sums in a scratch
+buffer and counts itself in with an atomic; the last of a (sequence, head) to arrive merges them and
+resets the counter for the next call.
 
 Triton ships with torch's CUDA builds; it is imported only when a CUDA engine first needs it.
 """
@@ -14,20 +23,30 @@ import torch
 import triton
 import triton.language as tl
 
+# Arrival counters, one per (sequence, KV head), zero between calls. Allocated once per device and
+# never replaced: a captured CUDA graph keeps the address it saw.
+_COUNTER_SLOTS = 1 << 16
+_counters: dict[torch.device, torch.Tensor] = {}
+_TARGET_PROGRAMS = 256  # about 2 per H200 multiprocessor; more splits measured slower at batch 32
+
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, lens_ptr, scale,
+    q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr, counter_ptr, scale,
     stride_q_tok, stride_q_head,
     stride_k_block, stride_k_slot, stride_k_head,
     stride_table,
     stride_o_tok, stride_o_head,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TOKENS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TOKENS: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     ctx = tl.load(lens_ptr + seq)
+    per_split = tl.cdiv(tl.cdiv(ctx, TOKENS), SPLITS) * TOKENS
+    start = split * per_split
+    end = tl.minimum(start + per_split, ctx)
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + rows
@@ -41,9 +60,9 @@ def _paged_decode_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     offs = tl.arange(0, TOKENS)
-    for start in range(0, ctx, TOKENS):
-        pos = start + offs
-        valid = pos < ctx
+    for first in range(start, end, TOKENS):
+        pos = first + offs
+        valid = pos < end
         block = tl.load(tables_ptr + seq * stride_table + pos // BLOCK_SIZE, mask=valid, other=0)
         base = (
             block.to(tl.int64) * stride_k_block + (pos % BLOCK_SIZE) * stride_k_slot + kv_head * stride_k_head
@@ -58,12 +77,66 @@ def _paged_decode_kernel(
         v = tl.load(v_ptr + base[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(
-        out_ptr + seq * stride_o_tok + heads[:, None] * stride_o_head + dims[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None],
-    )
+    out_ptrs = out_ptr + seq * stride_o_tok + heads[:, None] * stride_o_head + dims[None, :]
+    if SPLITS == 1:
+        tl.store(out_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        group_id = seq * tl.num_programs(1) + kv_head
+        tile = rows[:, None] * HEAD_DIM + dims[None, :]
+        mine = group_id * SPLITS + split
+        tl.store(part_acc_ptr + mine * GROUP_PAD * HEAD_DIM + tile, acc)
+        tl.store(part_ml_ptr + (mine * 2) * GROUP_PAD + rows, m_i)
+        tl.store(part_ml_ptr + (mine * 2 + 1) * GROUP_PAD + rows, l_i)
+        # acq_rel: our partials are visible before the count; the last arrival sees everyone's
+        arrived = tl.atomic_add(counter_ptr + group_id, 1, sem="acq_rel")
+        if arrived == SPLITS - 1:
+            _merge_splits(
+                part_acc_ptr, part_ml_ptr, group_id, out_ptrs, row_ok, tile, rows, GROUP_PAD, HEAD_DIM, SPLITS
+            )  # fmt: skip
+            tl.store(counter_ptr + group_id, 0)
+
+
+@triton.jit
+def _merge_splits(
+    part_acc_ptr, part_ml_ptr, group_id, out_ptrs, row_ok, tile, rows,
+    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
+    # Split 0 always holds context (every sequence has at least one token), so its maximum is finite
+    # and an empty split (maximum -inf) merges with weight exp(-inf) = 0.
+    first = group_id * SPLITS
+    m = tl.load(part_ml_ptr + (first * 2) * GROUP_PAD + rows, cache_modifier=".cg")
+    l_sum = tl.load(part_ml_ptr + (first * 2 + 1) * GROUP_PAD + rows, cache_modifier=".cg")
+    acc = tl.load(part_acc_ptr + first * GROUP_PAD * HEAD_DIM + tile, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLITS):
+        part = first + s
+        m_s = tl.load(part_ml_ptr + (part * 2) * GROUP_PAD + rows, cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + (part * 2 + 1) * GROUP_PAD + rows, cache_modifier=".cg")
+        acc_s = tl.load(part_acc_ptr + part * GROUP_PAD * HEAD_DIM + tile, cache_modifier=".cg")
+        m_new = tl.maximum(m, m_s)
+        a, b = tl.exp(m - m_new), tl.exp(m_s - m_new)
+        l_sum = l_sum * a + l_s * b
+        acc = acc * a[:, None] + acc_s * b[:, None]
+        m = m_new
+    tl.store(out_ptrs, (acc / l_sum[:, None]).to(out_ptrs.dtype.element_ty), mask=row_ok[:, None])
+
+
+def default_splits(batch: int, kv_heads: int, max_context: int, tokens: int) -> int:
+    """Splits that bring the launch near `_TARGET_PROGRAMS` programs, each with at least one tile.
+
+    A function of the batch shape only (never of the step's context lengths, which live on the
+    device), so a CUDA graph captured for a batch size keeps its split count."""
+    splits = 1
+    while batch * kv_heads * splits * 2 <= _TARGET_PROGRAMS and splits * 2 * tokens <= max_context:
+        splits *= 2
+    if batch * kv_heads > _COUNTER_SLOTS:
+        return 1
+    return min(splits, 16)
+
+
+def _counter(device: torch.device) -> torch.Tensor:
+    if device not in _counters:
+        _counters[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _counters[device]
 
 
 def paged_decode_attention(
@@ -73,21 +146,35 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
-    tokens_per_iter: int = 64,
+    tokens_per_iter: int = 128,
+    splits: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:
-    """q [B, heads, D]; caches [blocks, block_size, kv_heads, D]; tables [B, W]; lens [B] -> [B, heads, D]."""
+    """q [B, heads, D]; caches [blocks, block_size, kv_heads, D]; tables [B, W]; lens [B] -> [B, heads, D].
+
+    `splits` defaults to `default_splits` over the table's width (the longest context it can hold).
+    """
     batch, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads
+    group_pad = max(16, triton.next_power_of_2(group))
+    tokens = max(tokens_per_iter, block_size)
+    if splits is None:
+        splits = default_splits(batch, kv_heads, block_tables.shape[1] * block_size, tokens)
     out = torch.empty_like(q)
-    _paged_decode_kernel[(batch, kv_heads)](
-        q, k_cache, v_cache, out, block_tables, context_lens, scale,
+    parts = max(batch * kv_heads * splits, 1) if splits > 1 else 1
+    part_acc = torch.empty(parts * group_pad * dim, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(parts * 2 * group_pad, dtype=torch.float32, device=q.device)
+    _paged_decode_kernel[(batch, kv_heads, splits)](
+        q, k_cache, v_cache, out, block_tables, context_lens, part_acc, part_ml, _counter(q.device), scale,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim,
-        BLOCK_SIZE=block_size, TOKENS=max(tokens_per_iter, block_size),
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim,
+        BLOCK_SIZE=block_size, TOKENS=tokens, SPLITS=splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays exact; bf16 ignores it
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

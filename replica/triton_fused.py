@@ -14,11 +14,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, dim, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+def _add_rmsnorm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, dim, eps, part_stride,
+    BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PARTS: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
-    x = tl.load(x_ptr + row * dim + cols, mask=mask, other=0.0)
+    if PARTS == 0:
+        x = tl.load(x_ptr + row * dim + cols, mask=mask, other=0.0)
+    else:  # x arrives as float32 partial sums over slices of K: add them, round as a GEMM would
+        acc = tl.zeros([BLOCK], tl.float32)
+        for p in tl.static_range(PARTS):
+            acc += tl.load(x_ptr + p * part_stride + row * dim + cols, mask=mask, other=0.0)
+        x = acc.to(out_ptr.dtype.element_ty)
     if HAS_RES:
         r = tl.load(res_ptr + row * dim + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(res_ptr.dtype.element_ty)  # the residual add, rounded
@@ -33,14 +42,31 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, dim, eps, BLOCK: tl.cons
 def add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """RMSNorm(x + residual) with `residual += x` in place; without a residual, plain RMSNorm(x)."""
-    rows, dim = x.shape
-    out = torch.empty_like(x)
+    """RMSNorm(x + residual) with `residual += x` in place; without a residual, plain RMSNorm(x).
+
+    x may be [parts, rows, dim] float32 partial products (see `linear_partials`): they are summed
+    and rounded to the residual's dtype first."""
+    parts = x.shape[0] if x.dim() == 3 else 0
+    rows, dim = x.shape[-2:]
+    dtype = residual.dtype if residual is not None else x.dtype
+    out = torch.empty((rows, dim), dtype=dtype, device=x.device)
     _add_rmsnorm_kernel[(rows,)](
-        x, residual if residual is not None else x, weight, out, dim, eps,
-        BLOCK=triton.next_power_of_2(dim), HAS_RES=residual is not None, num_warps=8,
+        x, residual if residual is not None else x, weight, out, dim, eps, rows * dim,
+        BLOCK=triton.next_power_of_2(dim), HAS_RES=residual is not None, PARTS=parts, num_warps=8,
     )  # fmt: skip
     return out
+
+
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
+    """x @ weight.T as `parts` float32 partial products over slices of K: [parts, rows, out].
+
+    cuBLAS splits a skinny GEMM's K itself and adds the slices in a separate reduce kernel; here the
+    slices are a batched GEMM and the next `add_rmsnorm` adds them, one launch fewer per GEMM."""
+    rows, k = x.shape
+    n = weight.shape[0]
+    xs = x.view(rows, parts, k // parts).transpose(0, 1)  # [parts, rows, k/parts]
+    ws = weight.view(n, parts, k // parts).permute(1, 2, 0)  # [parts, k/parts, n]
+    return torch.bmm(xs, ws, out_dtype=torch.float32)
 
 
 @triton.jit

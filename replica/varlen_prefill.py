@@ -82,7 +82,14 @@ def padded_mixed_attention(
     )[0]
     rows = meta.num_decode
     decoded = paged_decode_attention(
-        q[:rows], kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens, scale
+        q[:rows],
+        kv_cache[0],
+        kv_cache[1],
+        meta.decode_block_tables,
+        meta.decode_context_lens,
+        scale,
+        splits=meta.decode_kernel.splits,
+        tokens_per_iter=meta.decode_kernel.tile,
     )
     is_decode = torch.arange(rows, device=q.device, dtype=meta.decode_rows.dtype) < meta.decode_rows
     out[:rows] = torch.where(is_decode[:, None, None], decoded, out[:rows])

@@ -60,8 +60,9 @@ async def _generate_all(
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (32, 8, 128), (32, 8, 64)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_triton_decode_matches_reference(heads, kv_heads, dim, dtype):
-    from replica.triton_decode import paged_decode_attention
+@pytest.mark.parametrize("splits", [None, 1, 3, 16])
+def test_triton_decode_matches_reference(heads, kv_heads, dim, dtype, splits):
+    from replica.triton_decode import _counter, paged_decode_attention
 
     torch.manual_seed(heads + dim)
     batch, blocks, block_size = 7, 256, 16
@@ -71,10 +72,28 @@ def test_triton_decode_matches_reference(heads, kv_heads, dim, dtype):
     width = 64
     tables = torch.stack([torch.randperm(blocks - 1, device="cuda")[:width] + 1 for _ in range(batch)])
     q = torch.randn(batch, heads, dim, device="cuda", dtype=dtype)
-    out = paged_decode_attention(q, k_cache, v_cache, tables, lens, dim**-0.5)
     ref = decode_attention(q.double(), k_cache.double(), v_cache.double(), tables, lens, dim**-0.5)
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    assert err < (1e-2 if dtype == torch.bfloat16 else 1e-5), err
+    for _ in range(2):  # the second call finds the split counters reset by the first
+        out = paged_decode_attention(q, k_cache, v_cache, tables, lens, dim**-0.5, splits=splits)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < (1e-2 if dtype == torch.bfloat16 else 1e-5), err
+    assert int(_counter(q.device).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("parts", [2, 4, 7])
+def test_k_slice_partials_then_norm_match_linear_then_norm(parts):
+    from replica.triton_fused import add_rmsnorm, linear_partials
+
+    torch.manual_seed(parts)
+    x = torch.randn(32, 14336, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 14336, device="cuda", dtype=torch.bfloat16) * 14336**-0.5
+    norm = torch.rand(1024, device="cuda", dtype=torch.bfloat16) + 0.5
+    res_ref = torch.randn(32, 1024, device="cuda", dtype=torch.bfloat16)
+    res = res_ref.clone()
+    ref = add_rmsnorm(torch.nn.functional.linear(x, w), res_ref, norm, 1e-5).float()
+    got = add_rmsnorm(linear_partials(x, w, parts), res, norm, 1e-5).float()
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+    assert ((res.float() - res_ref.float()).norm() / res_ref.float().norm()).item() < 1e-2
 
 
 def test_async_sync_and_eager_agree_and_graphs_are_used():
@@ -101,10 +120,13 @@ def test_async_sync_and_eager_agree_and_graphs_are_used():
     assert all(r[2].kv_blocks_used == 0 for r in results.values())
 
 
-def test_bf16_async_equals_sync_on_the_same_batches():
+@pytest.mark.parametrize(
+    "knobs", [{}, {"decode_k_slices": 4}, {"decode_attention_splits": 3, "decode_attention_tile": 64}]
+)
+def test_bf16_async_equals_sync_on_the_same_batches(knobs):
     prompts = _prompts(16, 49152, seed=7)
     max_tokens = [48, 9, 64, 31, 17, 50, 3, 29, 64, 12, 45, 20, 33, 8, 60, 25]
-    base = dict(model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=32)
+    base = dict(model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=32, **knobs)
     outputs = {
         mode: asyncio.run(_generate_all(EngineConfig(**base, mode=mode), prompts, max_tokens, together=True))
         for mode in ("async", "sync")
