@@ -30,6 +30,11 @@ class DecodeKernelShape:
 
     splits: int | None = None  # context splits per (sequence, KV head); None: from the batch size
     tile: int = 128  # cache tokens per loop iteration
+    rope: bool = True  # pure decode: rotary embedding and the cache write inside the kernel
+
+    def launch_args(self) -> dict:
+        """The keyword arguments of `paged_decode_attention` that this shape sets."""
+        return {"splits": self.splits, "tokens_per_iter": self.tile}
 
 
 @dataclass
@@ -114,6 +119,27 @@ def _flash_prefill(q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> 
     return varlen_prefill_attention(q, k, v, kv_cache, meta, scale)
 
 
+def fuses_rope_into_decode(meta: AttentionMetadata, rows: int) -> bool:
+    """Whether a step is pure decode on the Triton kernel with rope inside (`fused_rope_decode`)."""
+    triton = meta.decode_backend == "triton" and meta.decode_kernel.rope
+    return triton and meta.prefill_backend != "flash_padded" and meta.num_decode == rows
+
+
+def fused_rope_decode(
+    qkv, positions, rope_table, kv_cache, meta: AttentionMetadata, heads: int, scale: float
+):
+    """Pure decode on CUDA: rotary embedding, the cache write and attention in one Triton kernel."""
+    from replica.triton_decode import paged_decode_attention
+
+    rows, head_dim = qkv.shape[0], kv_cache[0].shape[-1]
+    q = qkv[:, : heads * head_dim].view(rows, heads, head_dim)
+    return paged_decode_attention(
+        q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens, scale,
+        **meta.decode_kernel.launch_args(),
+        rope=(positions, rope_table, meta.slot_mapping),
+    )  # fmt: skip
+
+
 def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     from replica.triton_decode import paged_decode_attention
 
@@ -124,8 +150,7 @@ def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -
         meta.decode_block_tables,
         meta.decode_context_lens,
         scale,
-        splits=meta.decode_kernel.splits,
-        tokens_per_iter=meta.decode_kernel.tile,
+        **meta.decode_kernel.launch_args(),
     )
 
 

@@ -50,6 +50,7 @@ async def run_engine(args, mode: str) -> dict:
         keep_prompts_whole=not args.split_prompts,
         decode_attention_splits=args.decode_splits,
         decode_attention_tile=args.decode_tile,
+        decode_attention_rope=not args.separate_rope,
         decode_k_slices=args.k_slices,
     )
     engine = Engine(config)
@@ -437,6 +438,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--decode-splits", type=int, default=None, help="decode attention splits (default: auto)")
     p.add_argument("--decode-tile", type=int, default=128, help="decode attention tokens per iteration")
+    p.add_argument(
+        "--separate-rope", action="store_true", help="decode: rotary + cache write in their own kernel"
+    )
     p.add_argument("--k-slices", type=int, default=2, help="decode o/down projections as K-slice partials")
     p.add_argument("--gil-switch-ms", type=float, default=0.5, help="the engine's GIL switch interval")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")

@@ -45,6 +45,9 @@ class EngineConfig:
     # size (replica/triton_decode.py `default_splits`); 1: each program walks its whole context.
     decode_attention_splits: int | None = None
     decode_attention_tile: int = 128  # CUDA: cache tokens per iteration of that kernel (16 to 256)
+    # CUDA, pure decode steps: that kernel also applies the rotary embedding and writes the new
+    # keys and values to the cache (one launch fewer per layer). False: a separate kernel does.
+    decode_attention_rope: bool = True
     # CUDA bf16/fp16, fused kernels, decode-sized steps: the output and down projections as this
     # many float32 K-slice partial products, added by the next residual-add + RMSNorm kernel,
     # instead of cuBLAS's split-K with its own reduce kernel. 0 or 1: cuBLAS decides.

@@ -36,7 +36,7 @@ def _cache(layers: int, batch: int, ctx: int, kv_heads: int, dim: int, block_siz
     return caches, tables, lens
 
 
-def _time_graph(fn, replays: int) -> float:
+def time_graph(fn, replays: int) -> float:
     """Milliseconds per replay of a graph of fn()."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -60,7 +60,7 @@ def copy_tb_s(gb: float = 1.0) -> float:
     """Device-to-device copy rate, bytes read plus bytes written."""
     src = torch.empty(int(gb * 2**30) // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    ms = _time_graph(lambda: dst.copy_(src), 10)
+    ms = time_graph(lambda: dst.copy_(src), 10)
     return 2 * src.numel() * 2 / ms / 1e9
 
 
@@ -79,7 +79,7 @@ def context_rows(args: argparse.Namespace, ctx: int, settings: list[dict]) -> li
 
         out = paged_decode_attention(q, *caches[0], tables, lens, scale, **setting).float()
         err = ((out - reference).norm() / reference.norm()).item()
-        us = _time_graph(all_layers, args.replays) * 1000 / args.layers
+        us = time_graph(all_layers, args.replays) * 1000 / args.layers
         rows.append(
             {"context": ctx, **setting, "us_per_call": us, "tb_s": kv_bytes / us / 1e6, "rel_err": err}
         )

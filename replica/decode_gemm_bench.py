@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from replica.decode_attention_bench import _time_graph
+from replica.decode_attention_bench import time_graph
 from replica.triton_fused import add_rmsnorm, linear_partials
 
 # Llama-3.1-8B, (K, N). The first two feed add_rmsnorm (which can add partials); the other two feed
@@ -53,7 +53,7 @@ def shape_rows(args: argparse.Namespace, name: str, k: int, n: int) -> list[dict
                 if name in NORMED:
                     add_rmsnorm(y, residual, norm, 1e-5)
 
-        us = _time_graph(step, args.replays) * 1000 / args.layers
+        us = time_graph(step, args.replays) * 1000 / args.layers
         what = "gemm+add_rmsnorm" if name in NORMED else "gemm"
         rows.append(
             {"shape": name, "timed": what, "k": k, "n": n, "parts": parts, "us_per_layer": us, "rel_err": err}

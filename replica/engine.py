@@ -83,10 +83,13 @@ class Engine:
         self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, model_cfg.max_position_embeddings)
         num_blocks = cfg.num_kv_blocks or self._default_num_blocks()
         blocks = BlockManager(num_blocks, cfg.block_size)
+        decode_kernel = DecodeKernelShape(
+            splits=cfg.decode_attention_splits, tile=cfg.decode_attention_tile, rope=cfg.decode_attention_rope
+        )
         runner = ModelRunner(
             self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
             cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
-            DecodeKernelShape(cfg.decode_attention_splits, cfg.decode_attention_tile), cfg.decode_k_slices,
+            decode_kernel=decode_kernel, k_slices=cfg.decode_k_slices,
         )  # fmt: skip
         whole = cfg.keep_prompts_whole and runner.mixed_graphs is not None  # the rule serves the graphs
         scheduler = Scheduler(

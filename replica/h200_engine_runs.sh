@@ -4,7 +4,8 @@
 # 256 sequences, and a kernel profile of the 8B prefill. JSON lands in $OUT (default ./out).
 #   bash replica/h200_engine_runs.sh [hf-cb]   # with hf-cb: transformers' generate_batch too (8B shape;
 #                                              # on SmolLM2 it did not finish within 90 s)
-#   PROFILE=1 bash replica/h200_engine_runs.sh  # and the 8B prefill kernel profile
+#   PROFILE=1 bash replica/h200_engine_runs.sh  # and the 8B prefill and decode kernel profiles, and the
+#                                               # decode attention / K-slice GEMM benchmarks
 set -u
 out=${OUT:-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -24,6 +25,11 @@ bench --model llama-3.1-8b --batch 32 --prompt-len 256 --max-tokens 512 --modes 
   --hf-cb-timeout 150 --json "$out/llama8b_bs32.json" | tail -9
 [ "${PROFILE:-0}" = 1 ] && timeout 120 python3 -m replica.kernel_profile --model llama-3.1-8b --random-weights --phase prefill \
   --batch 8 --prompt-len 256 --json "$out/llama8b_prefill_profile.json" | head -14
+# The steady decode step's kernel budget (what the 8B target hinges on), and the two decode levers alone.
+[ "${PROFILE:-0}" = 1 ] && timeout 120 python3 -m replica.kernel_profile --model llama-3.1-8b --random-weights --phase decode \
+  --batch 32 --prompt-len 256 --max-tokens 512 --json "$out/llama8b_decode_profile.json" | head -16
+[ "${PROFILE:-0}" = 1 ] && timeout 90 python3 -m replica.decode_attention_bench --json "$out/decode_attention.json" | tail -24
+[ "${PROFILE:-0}" = 1 ] && timeout 60 python3 -m replica.decode_gemm_bench --json "$out/decode_gemm.json" | tail -14
 for gil in 0.1 2.0; do  # the engine thread's GIL switch interval (default 0.5 ms) against eager launches
   bench --model smollm2-135m --batch 32 --prompt-len 256 --max-tokens 512 --modes async,sync --repeats 3 \
     --gil-switch-ms $gil --json "$out/smollm2_bs32_gil$gil.json" | tail -3

@@ -31,6 +31,7 @@ async def _profile(args) -> dict:
         keep_prompts_whole=not args.split_prompts,
         decode_attention_splits=args.decode_splits,
         decode_attention_tile=args.decode_tile,
+        decode_attention_rope=not args.separate_rope,
         decode_k_slices=args.k_slices,
     )
     engine = Engine(config)
@@ -116,6 +117,9 @@ def main() -> None:
     p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step token budget")
     p.add_argument("--split-prompts", action="store_true", help="keep_prompts_whole off")
     p.add_argument("--decode-tile", type=int, default=128, help="decode attention tokens per iteration")
+    p.add_argument(
+        "--separate-rope", action="store_true", help="decode: rotary + cache write in their own kernel"
+    )
     p.add_argument("--k-slices", type=int, default=2, help="decode o/down projections as K-slice partials")
     p.add_argument("--decode-splits", type=int, default=None, help="decode attention splits (default: auto)")
     p.add_argument("--json", type=Path)

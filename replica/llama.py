@@ -10,7 +10,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from replica.attention import AttentionMetadata, paged_attention, write_kv
+from replica.attention import (
+    AttentionMetadata,
+    fused_rope_decode,
+    fuses_rope_into_decode,
+    paged_attention,
+    write_kv,
+)
 from replica.rope import RotaryEmbedding
 
 PARTIALS_MAX_ROWS = 64  # K-slice partials pay off where cuBLAS splits K: decode-sized batches
@@ -20,6 +26,7 @@ def project(linear: nn.Linear, x: torch.Tensor, k_slices: int) -> torch.Tensor:
     """linear(x), or with k_slices > 1 (and a decode-sized x) its float32 K-slice partial products,
     which the next `add_rmsnorm` adds (see replica/triton_fused.py `linear_partials`)."""
     if k_slices > 1 and x.shape[0] <= PARTIALS_MAX_ROWS and x.shape[1] % k_slices == 0:
+        assert linear.bias is None, "K-slice partials carry no bias"
         from replica.triton_fused import linear_partials
 
         return linear_partials(x, linear.weight, k_slices)
@@ -67,10 +74,14 @@ class Attention(nn.Module):
     def forward_fused(
         self, x, positions, rope_table, kv_cache, meta: AttentionMetadata, k_slices: int = 0
     ) -> torch.Tensor:
-        """CUDA: one kernel rotates q and k in place and writes k and v to the cache."""
+        """CUDA: one kernel rotates q and k in place and writes k and v to the cache; in a pure decode
+        step the attention kernel does that itself (see replica/triton_decode.py)."""
         from replica.triton_fused import rope_and_cache
 
         qkv = self.qkv_proj(x)
+        if fuses_rope_into_decode(meta, qkv.shape[0]):
+            out = fused_rope_decode(qkv, positions, rope_table, kv_cache, meta, self.heads, self.scale)
+            return project(self.o_proj, out.reshape(-1, self.q_size), k_slices)
         rope_and_cache(
             qkv, positions, rope_table, meta.slot_mapping, kv_cache, self.heads, self.kv_heads, self.head_dim
         )

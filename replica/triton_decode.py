@@ -33,12 +33,14 @@ _TARGET_PROGRAMS = 256  # about 2 per H200 multiprocessor; more splits measured 
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr, counter_ptr, scale,
+    pos_ptr, rope_ptr, slot_ptr,
     stride_q_tok, stride_q_head,
     stride_k_block, stride_k_slot, stride_k_head,
     stride_table,
     stride_o_tok, stride_o_head,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TOKENS: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    ROPE: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -51,11 +53,15 @@ def _paged_decode_kernel(
     dims = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + rows
     row_ok = rows < GROUP
-    q = tl.load(
-        q_ptr + seq * stride_q_tok + heads[:, None] * stride_q_head + dims[None, :],
-        mask=row_ok[:, None],
-        other=0.0,
-    )
+    q_rows = q_ptr + seq * stride_q_tok + heads[:, None] * stride_q_head
+    if ROPE:  # q_ptr is the step's qkv rows, not yet rotated: rotate q here, and k and v into the cache
+        q = _rope_and_store(
+            q_ptr, q_rows, k_ptr, v_ptr, pos_ptr, rope_ptr, slot_ptr, seq, kv_head, ctx, start, end, row_ok,
+            stride_q_tok, stride_k_block, stride_k_slot, stride_k_head,
+            HEAD_DIM, BLOCK_SIZE, Q_HEADS, KV_HEADS,
+        )  # fmt: skip
+    else:
+        q = tl.load(q_rows + dims[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -83,11 +89,14 @@ def _paged_decode_kernel(
     else:
         group_id = seq * tl.num_programs(1) + kv_head
         tile = rows[:, None] * HEAD_DIM + dims[None, :]
-        mine = group_id * SPLITS + split
+        mine = (group_id * SPLITS + split).to(tl.int64)
         tl.store(part_acc_ptr + mine * GROUP_PAD * HEAD_DIM + tile, acc)
         tl.store(part_ml_ptr + (mine * 2) * GROUP_PAD + rows, m_i)
         tl.store(part_ml_ptr + (mine * 2 + 1) * GROUP_PAD + rows, l_i)
-        # acq_rel: our partials are visible before the count; the last arrival sees everyone's
+        # One thread does the scalar atomic, and its release orders only its own stores: the
+        # barrier first puts every warp's partial stores before it. acq_rel then makes them
+        # visible before the count, and the last arrival sees everyone's.
+        tl.debug_barrier()
         arrived = tl.atomic_add(counter_ptr + group_id, 1, sem="acq_rel")
         if arrived == SPLITS - 1:
             _merge_splits(
@@ -97,13 +106,57 @@ def _paged_decode_kernel(
 
 
 @triton.jit
+def _rotate(x_ptrs, partner_ptrs, cos, sin, sign, mask, dt: tl.constexpr):
+    """transformers' x * cos + rotate_half(x) * sin, each product and the sum rounded to dt: the
+    rounding steps of `replica.triton_fused.rope_and_cache`."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    partner = tl.load(partner_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return ((x * cos).to(dt).to(tl.float32) + (sign * partner * sin).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
+def _rope_and_store(
+    qkv_ptr, q_rows, k_ptr, v_ptr, pos_ptr, rope_ptr, slot_ptr, seq, kv_head, ctx, start, end, row_ok,
+    stride_tok, stride_k_block, stride_k_slot, stride_k_head,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+):  # fmt: skip
+    """The rotated q of this program's head group. The program whose context share holds the new
+    token (position ctx - 1) also rotates its key and stores key and value at the token's slot; a
+    barrier makes the stores visible to the rest of the program before its loop reads them."""
+    dt = k_ptr.dtype.element_ty
+    dims = tl.arange(0, HEAD_DIM)
+    partner = (dims + HEAD_DIM // 2) % HEAD_DIM  # rotate_half's source column
+    sign = tl.where(dims < HEAD_DIM // 2, -1.0, 1.0)
+    row = rope_ptr + tl.load(pos_ptr + seq).to(tl.int64) * 2 * HEAD_DIM  # [positions, 2, HEAD_DIM] f32
+    cos = tl.load(row + dims).to(dt).to(tl.float32)
+    sin = tl.load(row + HEAD_DIM + dims).to(dt).to(tl.float32)
+    q = _rotate(q_rows + dims[None, :], q_rows + partner[None, :], cos[None, :], sin[None, :], sign[None, :],
+                row_ok[:, None], dt)  # fmt: skip
+    if (start <= ctx - 1) & (ctx - 1 < end):
+        token = qkv_ptr + seq.to(tl.int64) * stride_tok
+        k_row = token + (Q_HEADS + kv_head) * HEAD_DIM
+        k = _rotate(k_row + dims, k_row + partner, cos, sin, sign, dims < HEAD_DIM, dt)  # (all true)
+        v = tl.load(token + (Q_HEADS + KV_HEADS + kv_head) * HEAD_DIM + dims)
+        slot = tl.load(slot_ptr + seq).to(tl.int64)
+        dest = (
+            (slot // BLOCK_SIZE) * stride_k_block
+            + (slot % BLOCK_SIZE) * stride_k_slot
+            + kv_head * stride_k_head
+        )
+        tl.store(k_ptr + dest + dims, k)
+        tl.store(v_ptr + dest + dims, v.to(dt))
+        tl.debug_barrier()
+    return q
+
+
+@triton.jit
 def _merge_splits(
     part_acc_ptr, part_ml_ptr, group_id, out_ptrs, row_ok, tile, rows,
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
     # Split 0 always holds context (every sequence has at least one token), so its maximum is finite
     # and an empty split (maximum -inf) merges with weight exp(-inf) = 0.
-    first = group_id * SPLITS
+    first = (group_id * SPLITS).to(tl.int64)
     m = tl.load(part_ml_ptr + (first * 2) * GROUP_PAD + rows, cache_modifier=".cg")
     l_sum = tl.load(part_ml_ptr + (first * 2 + 1) * GROUP_PAD + rows, cache_modifier=".cg")
     acc = tl.load(part_acc_ptr + first * GROUP_PAD * HEAD_DIM + tile, cache_modifier=".cg")
@@ -121,20 +174,25 @@ def _merge_splits(
 
 
 def default_splits(batch: int, kv_heads: int, max_context: int, tokens: int) -> int:
-    """Splits that bring the launch near `_TARGET_PROGRAMS` programs, each with at least one tile.
+    """Splits that bring the launch near `_TARGET_PROGRAMS` programs, at most one per tile of the
+    longest context the table holds (shorter contexts leave some splits empty; they merge as zero).
 
     A function of the batch shape only (never of the step's context lengths, which live on the
-    device), so a CUDA graph captured for a batch size keeps its split count."""
+    device), so a CUDA graph captured for a batch size keeps its split count. The summation order,
+    and so the last bit of the result, therefore depends on how many rows the launch has."""
     splits = 1
     while batch * kv_heads * splits * 2 <= _TARGET_PROGRAMS and splits * 2 * tokens <= max_context:
         splits *= 2
-    if batch * kv_heads > _COUNTER_SLOTS:
-        return 1
     return min(splits, 16)
 
 
 def _counter(device: torch.device) -> torch.Tensor:
+    """The arrival counters of `device`. The engine's eager warm-up creates them before any graph
+    capture; created inside one, they would belong to that graph's pool and its zero-fill to that
+    graph alone. One stream at a time may run split launches on a device: they share the counters."""
     if device not in _counters:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("run paged_decode_attention once outside a CUDA graph capture first")
         _counters[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
     return _counters[device]
 
@@ -150,8 +208,16 @@ def paged_decode_attention(
     splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q [B, heads, D]; caches [blocks, block_size, kv_heads, D]; tables [B, W]; lens [B] -> [B, heads, D].
+
+    `rope` = (positions [B], table [positions, 2, D] float32, slots [B]): q is then the query part of
+    the step's qkv rows [B, (heads + 2 kv_heads) D] before the rotary embedding, and the kernel also
+    does what `replica.triton_fused.rope_and_cache` would: rotates q and k and stores k and v at the
+    slots (one launch fewer per layer). Each row's slot must be its own: no other row of the call
+    reads it (a program reads back only the key it stored itself). Padded graph rows all use slot 0
+    of the reserved block 0; they store the same key there and their outputs are dropped.
 
     `splits` defaults to `default_splits` over the table's width (the longest context it can hold).
     """
@@ -160,20 +226,31 @@ def paged_decode_attention(
     group = heads // kv_heads
     group_pad = max(16, triton.next_power_of_2(group))
     tokens = max(tokens_per_iter, block_size)
-    if splits is None:
-        splits = default_splits(batch, kv_heads, block_tables.shape[1] * block_size, tokens)
-    out = torch.empty_like(q)
+    if splits is None:  # float32 is the exactness reference (tests compare eager, graphed and
+        # transformers' outputs), so it keeps one summation order whatever the batch size
+        fp32 = q.dtype == torch.float32
+        splits = 1 if fp32 else default_splits(batch, kv_heads, block_tables.shape[1] * block_size, tokens)
+    if splits > 1 and batch * kv_heads > _COUNTER_SLOTS:
+        raise ValueError(f"split launches take at most {_COUNTER_SLOTS} (sequence, KV head) pairs")
+    if rope is not None and (q.stride(1) != dim or k_cache.dtype != q.dtype):
+        raise ValueError("with rope, q must be qkv rows' query part and share the cache's dtype")
+    if rope is not None and batch > 1 and q.stride(0) < (heads + 2 * kv_heads) * dim:  # (one row: any stride)
+        raise ValueError("with rope, q must be the query part of the step's qkv rows (k and v follow it)")
+    out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     parts = max(batch * kv_heads * splits, 1) if splits > 1 else 1
     part_acc = torch.empty(parts * group_pad * dim, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(parts * 2 * group_pad, dtype=torch.float32, device=q.device)
+    positions, table, slots = rope if rope is not None else (context_lens, context_lens, context_lens)
     _paged_decode_kernel[(batch, kv_heads, splits)](
         q, k_cache, v_cache, out, block_tables, context_lens, part_acc, part_ml, _counter(q.device), scale,
+        positions, table, slots,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim,
         BLOCK_SIZE=block_size, TOKENS=tokens, SPLITS=splits,
+        ROPE=rope is not None, Q_HEADS=heads, KV_HEADS=kv_heads,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays exact; bf16 ignores it
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -88,8 +88,7 @@ def padded_mixed_attention(
         meta.decode_block_tables,
         meta.decode_context_lens,
         scale,
-        splits=meta.decode_kernel.splits,
-        tokens_per_iter=meta.decode_kernel.tile,
+        **meta.decode_kernel.launch_args(),
     )
     is_decode = torch.arange(rows, device=q.device, dtype=meta.decode_rows.dtype) < meta.decode_rows
     out[:rows] = torch.where(is_decode[:, None, None], decoded, out[:rows])

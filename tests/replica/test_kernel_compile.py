@@ -1,0 +1,88 @@
+"""The engine's CUDA kernels compile for the H200 (sm_90) on a machine without a GPU.
+
+`tests/gpu` runs them on the device; this catches a Triton change that no longer compiles (a type
+or layout error) in CI, before device time is spent. Triton's bundled ptxas does the last step, so
+the check reaches the machine code. The split decode kernel's merge also needs an order: every
+warp's partial stores must precede the arrival count (one thread does the scalar atomic).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")  # installed with the test extra on Linux x86-64
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from replica.triton_decode import _paged_decode_kernel  # noqa: E402
+from replica.triton_fused import _add_rmsnorm_kernel, _rope_cache_kernel, _silu_mul_kernel  # noqa: E402
+
+H200 = GPUTarget("cuda", 90, 32)
+
+
+def compile_for_h200(fn, types: dict[str, str], constants: dict[str, object], num_warps: int = 4):
+    """Compile a @triton.jit function: `types` for its runtime arguments, `constants` for the rest."""
+    signature = {name: types.get(name, "constexpr") for name in fn.arg_names}
+    missing = [name for name, kind in signature.items() if kind == "constexpr" and name not in constants]
+    assert not missing, f"no value for {missing}"
+    constexprs = {(fn.arg_names.index(name),): value for name, value in constants.items()}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=H200, options={"num_warps": num_warps, "num_stages": 3})
+
+
+def decode_types(dtype: str) -> dict[str, str]:
+    pointers = {name: f"*{dtype}" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    pointers |= {"tables_ptr": "*i64", "lens_ptr": "*i64", "pos_ptr": "*i64", "slot_ptr": "*i64"}
+    pointers |= {"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "rope_ptr": "*fp32", "counter_ptr": "*i32"}
+    strides = ("stride_q_tok", "stride_q_head", "stride_k_slot", "stride_k_head", "stride_table")
+    return (
+        pointers
+        | {"scale": "fp32", "stride_k_block": "i64"}
+        | dict.fromkeys(strides, "i32")
+        | {"stride_o_tok": "i32", "stride_o_head": "i32"}
+    )
+
+
+DECODE_VARIANTS = [
+    ("bf16", False, 1),
+    ("bf16", True, 1),
+    ("bf16", True, 4),
+    ("bf16", False, 4),
+    ("fp32", False, 3),
+]
+
+
+@pytest.mark.parametrize(("dtype", "rope", "splits"), DECODE_VARIANTS)
+def test_decode_attention_compiles_and_orders_its_split_merge(dtype, rope, splits):
+    constants = dict(
+        GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, TOKENS=128, SPLITS=splits,
+        PRECISION="ieee" if dtype == "fp32" else "tf32", ROPE=rope, Q_HEADS=32, KV_HEADS=8,
+    )  # fmt: skip
+    ptx = compile_for_h200(_paged_decode_kernel, decode_types(dtype), constants).asm["ptx"]
+    lines = ptx.splitlines()
+    atomics = [i for i, line in enumerate(lines) if "atom.global" in line]
+    if splits == 1:
+        assert not atomics
+        return
+    assert len(atomics) == 1 and "acq_rel" in lines[atomics[0]]
+    stores = [i for i, line in enumerate(lines[: atomics[0]]) if "st.global" in line]
+    barrier = [i for i, line in enumerate(lines[: atomics[0]]) if "bar.sync" in line]
+    assert barrier and barrier[-1] > stores[-1], "the partial stores must pass a barrier before the count"
+
+
+@pytest.mark.parametrize(("parts", "has_res"), [(0, False), (0, True), (2, True), (7, True)])
+def test_add_rmsnorm_compiles_with_and_without_partials(parts, has_res):
+    types = {"x_ptr": "*fp32" if parts else "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"}
+    types |= {"dim": "i32", "eps": "fp32", "part_stride": "i32"}
+    kernel = compile_for_h200(_add_rmsnorm_kernel, types, dict(BLOCK=4096, HAS_RES=has_res, PARTS=parts), 8)
+    assert "ld.global" in kernel.asm["ptx"]
+
+
+def test_rope_cache_and_silu_kernels_compile():
+    rope_types = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*fp32", "slot_ptr": "*i64"}
+    rope_types |= {"k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "stride_tok": "i32"}
+    rope = compile_for_h200(_rope_cache_kernel, rope_types, dict(Q_HEADS=32, KV_HEADS=8, DIM=128, HALF=64))
+    silu_types = {"gate_up_ptr": "*bf16", "out_ptr": "*bf16", "inter": "i32"}
+    silu = compile_for_h200(_silu_mul_kernel, silu_types, dict(BLOCK=1024))
+    assert "st.global" in rope.asm["ptx"] and "st.global" in silu.asm["ptx"]
