@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from replica.bench_baselines import hf_cb_in_child, load_only, run_hf, run_hf_cb
 from replica.config import EngineConfig
 from replica.engine import Engine
-from replica.model_loader import LoadedModel
+from replica.roofline import roofline
 from replica.sampling_params import SamplingParams
 
 MODES = ("async", "sync", "hf", "hf-single", "hf-cb", "prepare")
@@ -142,47 +143,6 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def run_hf(args, loaded: LoadedModel, batched: bool) -> dict:
-    from replica.hf_reference import hf_model_like
-
-    model = hf_model_like(loaded)
-    prompts = make_prompts(loaded.config.vocab_size, args.concurrency, args.prompt_len)
-    if not batched:
-        prompts = prompts[: args.hf_requests]
-    groups = [prompts] if batched else [[p] for p in prompts]
-    _hf_generate(model, [prompts[0]], 4)  # warm-up
-    start = time.perf_counter()
-    outputs = [row for group in groups for row in _hf_generate(model, group, args.max_tokens)]
-    wall = time.perf_counter() - start
-    total = sum(len(o) for o in outputs)
-    return {
-        "mode": "hf" if batched else "hf-single",
-        "requests": len(outputs),
-        "output_tokens": total,
-        "wall_s": wall,
-        "output_tokens_per_s": total / wall,
-        "tpot_ms_p50": wall / args.max_tokens * 1000.0 / (1 if batched else len(outputs)),
-        "outputs": outputs,
-    }
-
-
-def _hf_generate(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    device = next(model.parameters()).device
-    ids = torch.tensor(prompts, device=device)
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return out[:, ids.shape[1] :].tolist()
-
-
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
@@ -197,7 +157,7 @@ def run(args) -> dict:
         raise SystemExit(f"unknown modes {sorted(unknown)}; choose from {MODES}")
     results: dict[str, dict] = {}
     if "hf-cb" in modes and not args.in_child:
-        results["hf-cb"] = _hf_cb_in_child(args)
+        results["hf-cb"] = hf_cb_in_child(args)
         _progress(args, results, "hf-cb")
     if "prepare" in modes:
         from replica.host_prepare import measure
@@ -210,13 +170,16 @@ def run(args) -> dict:
         _release_memory()
     hf_modes = [m for m in modes if m.startswith("hf") and (m != "hf-cb" or args.in_child)]
     if hf_modes:
-        loaded = _load_only(args)  # same preset and seed: the same weights the engine ran
+        loaded = load_only(args)  # same preset and seed: the same weights the engine ran
+        prompts = make_prompts(loaded.config.vocab_size, args.concurrency, args.prompt_len)
         for mode in hf_modes:
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
             try:
                 results[mode] = (
-                    run_hf_cb(args, loaded) if mode == "hf-cb" else run_hf(args, loaded, mode == "hf")
+                    run_hf_cb(args, loaded, prompts)
+                    if mode == "hf-cb"
+                    else run_hf(args, loaded, prompts, mode == "hf")
                 )
             except (
                 Exception
@@ -244,119 +207,6 @@ def _release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def copy_bandwidth_gbps(size_gb: float = 2.0) -> float:
-    """Device-to-device copy rate, counting bytes read plus bytes written (the roofline's ceiling)."""
-    src = torch.empty(int(size_gb * 2**30), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1000.0 / 10
-    del src, dst
-    return 2 * size_gb * 2**30 / seconds / 1e9
-
-
-def roofline(loaded: LoadedModel, args, measured_tok_s: float) -> dict:
-    """Bytes a decode step must read (weights + the batch's KV) over copy bandwidth -> max tokens/s."""
-    model, cfg = loaded.model, loaded.config
-    weights = sum(
-        p.numel() * p.element_size() for n, p in model.named_parameters() if n != "embed_tokens.weight"
-    )
-    if cfg.tie_word_embeddings:
-        weights += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model.head_dim * 2  # bf16
-    mean_context = args.prompt_len + args.max_tokens / 2
-    step_bytes = weights + args.concurrency * mean_context * kv_per_token
-    bandwidth = copy_bandwidth_gbps()
-    step_s = step_bytes / (bandwidth * 1e9)
-    ceiling = args.concurrency / step_s
-    return {
-        "weight_bytes": weights,
-        "kv_bytes_per_step": step_bytes - weights,
-        "copy_bandwidth_gbps": bandwidth,
-        "roofline_tokens_per_s": ceiling,
-        "share_of_roofline": measured_tok_s / ceiling,
-    }
-
-
-def run_hf_cb(args, loaded: LoadedModel) -> dict:
-    """transformers' own continuous batching (`generate_batch`), async batching on where it exists."""
-    from transformers import GenerationConfig
-
-    from replica.hf_reference import hf_model_like
-
-    model = hf_model_like(loaded)
-    prompts = make_prompts(loaded.config.vocab_size, args.concurrency, args.prompt_len)
-    generation = GenerationConfig(
-        max_new_tokens=args.max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
-    )
-    batching = _cb_config(args)
-    model.generate_batch(
-        prompts[:2], generation_config=generation, continuous_batching_config=batching
-    )  # warm-up
-    start = time.perf_counter()
-    outputs = model.generate_batch(prompts, generation_config=generation, continuous_batching_config=batching)
-    wall = time.perf_counter() - start
-    total = sum(len(o.generated_tokens) for o in outputs.values())
-    return {"mode": "hf-cb", "output_tokens": total, "wall_s": wall, "output_tokens_per_s": total / wall}
-
-
-def _cb_config(args):
-    """Async batching on, and the paged cache sized for this run's requests (the default sizing takes
-    a share of free memory and ran out of memory on an empty H200). Only fields this release has."""
-    import inspect
-
-    from transformers import ContinuousBatchingConfig
-
-    default = ContinuousBatchingConfig()
-    page = getattr(default, "page_size", None) or getattr(default, "block_size", None) or 256
-    tokens = args.concurrency * (args.prompt_len + args.max_tokens)
-    wanted = {
-        "use_async_batching": True,
-        "num_blocks": -(-tokens // page) + args.concurrency,
-        "max_batch_tokens": args.max_batched_tokens,
-        "max_requests_per_batch": args.concurrency,
-    }
-    accepted = inspect.signature(ContinuousBatchingConfig).parameters
-    return ContinuousBatchingConfig(**{k: v for k, v in wanted.items() if k in accepted})
-
-
-def _hf_cb_in_child(args) -> dict:
-    """Run the hf-cb mode in a child process bounded by --hf-cb-timeout; its JSON comes back in a file."""
-    import subprocess
-    import sys
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "hf_cb.json"
-        argv = [sys.executable, "-m", "replica.bench", "--modes", "hf-cb", "--in-child", "--json", str(out)]
-        for name in ("model", "device", "prompt_len", "max_tokens", "max_batched_tokens"):
-            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-        argv += ["--batch", str(args.concurrency)] + (["--random-weights"] if args.random_weights else [])
-        try:
-            limit = args.hf_cb_timeout
-            done = subprocess.run(argv, timeout=limit, check=False, capture_output=True, text=True)
-        except subprocess.TimeoutExpired:
-            return {"mode": "hf-cb", "error": f"did not finish within {limit} s (warm-up included)"}
-        if not out.exists():
-            tail = done.stderr.strip().splitlines()[-3:]
-            return {"mode": "hf-cb", "error": f"the child process wrote no result: {' | '.join(tail)}"}
-        return json.loads(out.read_text())["results"]["hf-cb"]
-
-
-def _load_only(args) -> LoadedModel:
-    from replica.engine import _pick_device, _pick_dtype
-    from replica.model_loader import load_model
-
-    device = _pick_device(args.device)
-    return load_model(args.model, device, _pick_dtype("auto", device), args.random_weights)
 
 
 def _report(args, results: dict[str, dict]) -> dict:

@@ -3,7 +3,8 @@
 One CUDA graph calls the kernel once per layer, each layer with its own cache (so nothing stays in
 L2 between calls), the blocks of each sequence scattered over the cache as a serving replica leaves
 them. It reports microseconds per call and the cache bytes read per second for each setting, next to
-a device-to-device copy's rate, and checks every setting's output against the single-split kernel.
+a device-to-device copy's rate (read + write, as the engine benchmark's roofline counts it), and
+checks every setting's output against the single-split kernel.
 
     python -m replica.decode_attention_bench --contexts 256,512,768 --json out.json
 """
@@ -17,6 +18,7 @@ import time
 
 import torch
 
+from replica.roofline import copy_bandwidth_gbps
 from replica.triton_decode import default_splits, paged_decode_attention
 
 
@@ -56,14 +58,6 @@ def time_graph(fn, replays: int) -> float:
     return start.elapsed_time(end) / replays
 
 
-def copy_tb_s(gb: float = 1.0) -> float:
-    """Device-to-device copy rate, bytes read plus bytes written."""
-    src = torch.empty(int(gb * 2**30) // 2, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_graph(lambda: dst.copy_(src), 10)
-    return 2 * src.numel() * 2 / ms / 1e9
-
-
 def context_rows(args: argparse.Namespace, ctx: int, settings: list[dict]) -> list[dict]:
     caches, tables, lens = _cache(args.layers, args.batch, ctx, args.kv_heads, args.dim, args.block_size)
     q = torch.randn(args.batch, args.heads, args.dim, device="cuda", dtype=torch.bfloat16)
@@ -100,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "device": torch.cuda.get_device_name(),
         "args": vars(args),
-        "copy_tb_s": copy_tb_s(),
+        "copy_tb_s": copy_bandwidth_gbps() / 1000,
         "default_splits": auto,
         "rows": rows,
     }

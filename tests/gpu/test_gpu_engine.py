@@ -178,7 +178,7 @@ def test_bf16_async_equals_sync_on_the_same_batches(knobs):
 
 
 def test_float32_greedy_equals_transformers():
-    from replica.bench import _hf_generate
+    from replica.bench_baselines import hf_generate
     from replica.hf_reference import hf_model_like
     from replica.model_loader import load_model
 
@@ -190,7 +190,7 @@ def test_float32_greedy_equals_transformers():
     loaded = load_model("smollm2-135m", torch.device("cuda"), torch.float32, True, 0)
     hf = hf_model_like(loaded)
     for prompt, ours in zip(prompts, outputs, strict=True):
-        assert ours == _hf_generate(hf, [prompt], 16)[0]
+        assert ours == hf_generate(hf, [prompt], 16)[0]
 
 
 def test_no_hidden_syncs_in_the_step_loop():
