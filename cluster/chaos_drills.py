@@ -145,13 +145,21 @@ async def _open_loop(
 
 
 async def overload(
-    target: Target, factor: float = 5.0, phase_s: float = 8.0, max_tokens: int = 8, probe_requests: int = 12
+    target: Target,
+    factor: float = 5.0,
+    phase_s: float = 8.0,
+    max_tokens: int = 8,
+    probe_requests: int = 12,
+    min_per_phase: int = 0,
 ) -> DrillReport:
     """Two equal phases at ``factor`` × measured capacity: fast 429s beyond the bounded queues, every
-    accepted request finishes, and the router's memory after phase 2 is compared with phase 1."""
+    accepted request finishes, and the router's memory after phase 2 is compared with phase 1.
+
+    ``min_per_phase``: send at least this many requests per phase. A slow box measures a low
+    capacity, and ``factor`` times it may then not reach the queue bounds within a phase."""
     async with target.client() as client:
         capacity = await measure_capacity(client, target, probe_requests, max_tokens)
-        rate = factor * capacity
+        rate = max(factor * capacity, min_per_phase / phase_s)
         rss: list[int] = []
 
         async def phases() -> list[ClientRecord]:

@@ -90,6 +90,7 @@ def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: in
     # bucket + refill over the drill + one refill window (the routers' local buckets together)
     bound = rpm + rpm * span / 60.0 + rpm
     during = [r for r in records if times["down"] <= r.started < times["up"]]
+    normal = [r for r in records if r.started < times["down"] or r.started >= times["up"]]
     return _report(
         "redis_outage",
         records,
@@ -98,6 +99,7 @@ def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: in
         reconnect_s=round(times["reconnect_s"], 2),
         served_during_outage=sum(r.ending == "completed" for r in during),
         outage_latency_p99_s=round(_pct([r.latency for r in during], 0.99), 3),
+        normal_latency_p99_s=round(_pct([r.latency for r in normal], 0.99), 3),
         limited_admitted=admitted,
         limited_rejected=sum(r.tenant == tenant_id and r.ending == "rejected" for r in records),
         limited_bound=round(bound, 1),

@@ -10,6 +10,7 @@ import asyncio
 from ray import serve
 
 from cluster.chaos_drills import disconnect_storm, overload
+from tests.faults.conftest import QUEUE_TOTAL
 from tests.faults.fault_helpers import (
     FAULT_APP,
     assert_accounted,
@@ -34,7 +35,9 @@ def _loads_by_replica() -> dict[str, dict]:
 
 
 def test_overload_at_5x_rejects_fast_bounds_queues_and_keeps_memory_flat(fault_url: str) -> None:
-    report = asyncio.run(overload(target(fault_url), factor=5.0, phase_s=6.0, max_tokens=8))
+    # At least twice the total queue bound per phase: the queues overflow however slow the box is.
+    drill = overload(target(fault_url), factor=5.0, phase_s=6.0, max_tokens=8, min_per_phase=2 * QUEUE_TOTAL)
+    report = asyncio.run(drill)
     assert_accounted(report)
     c, f = report.client, report.figures
     assert c["rejected"] > 0 and c["completed"] > 0 and c["errored"] == 0, report.to_dict()
