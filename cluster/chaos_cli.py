@@ -46,6 +46,10 @@ def show(report: DrillReport, json_out: Path | None = None) -> None:
         )
     console.print(table)
     console.print(", ".join(f"{k}={v}" for k, v in report.figures.items()))
+    if report.left_as_answered > 0:  # allowed by ``balanced``, but worth seeing: how often clients raced
+        console.print(
+            f"client aborts the server had answered (left as the answer came): {report.left_as_answered}"
+        )
     if json_out is not None:
         with json_out.open("a", encoding="utf-8") as f:
             f.write(json.dumps(report.to_dict()) + "\n")
