@@ -53,6 +53,7 @@ async def run_engine(args, mode: str) -> dict:
         decode_attention_tile=args.decode_tile,
         decode_attention_rope=not args.separate_rope,
         decode_k_slices=args.k_slices,
+        decode_triton_gemms=tuple(g for g in args.triton_gemms.split(",") if g),
     )
     engine = Engine(config)
     await engine.start()
@@ -292,6 +293,9 @@ def parser() -> argparse.ArgumentParser:
         "--separate-rope", action="store_true", help="decode: rotary + cache write in their own kernel"
     )
     p.add_argument("--k-slices", type=int, default=2, help="decode o/down projections as K-slice partials")
+    p.add_argument(
+        "--triton-gemms", default="o", help="of o,down: Triton kernels for those partials ('' none)"
+    )
     p.add_argument("--gil-switch-ms", type=float, default=0.5, help="the engine's GIL switch interval")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
     p.add_argument("--hf-cb-timeout", type=float, default=240.0, help="seconds for the hf-cb child")

@@ -5,6 +5,9 @@ cuBLAS splits along K, adding the slices in a separate reduce kernel. The altern
 computes the slices as one batched GEMM with float32 outputs and lets the next fused residual-add +
 RMSNorm add them (`replica.triton_fused.linear_partials`). Each variant runs as in a decode step:
 GEMM then add_rmsnorm, once per layer with the layer's own weights, captured in one CUDA graph.
+Three kernels per shape: cuBLAS alone (parts 1), K-slice partials as a batched cuBLAS GEMM (`bmm`),
+and the Triton partials kernel (`triton`, replica/triton_gemm.py). Last, the greedy pick after the
+LM head: float32 cast plus torch's argmax against replica/triton_greedy.py.
 
     python -m replica.decode_gemm_bench --rows 32 --parts 2,4,8 --json out.json
 """
@@ -14,11 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from replica.decode_attention_bench import time_graph
-from replica.triton_fused import add_rmsnorm, linear_partials
+from replica.triton_fused import add_rmsnorm, linear_partials, silu_mul
+from replica.triton_gemm import linear_partials_triton
+from replica.triton_greedy import greedy_tokens
 
 # Llama-3.1-8B, (K, N). The first two feed add_rmsnorm (which can add partials); the other two feed
 # rotary/cache and SiLU kernels, so only their bare GEMM is timed, to see what slicing K would buy.
@@ -31,33 +38,63 @@ SHAPES = {
 NORMED = ("o_proj", "down_proj")
 
 
-def _gemm(x: torch.Tensor, w: torch.Tensor, parts: int) -> torch.Tensor:
-    return torch.nn.functional.linear(x, w) if parts == 1 else linear_partials(x, w, parts)
+def _variants(name: str, parts_list: list[int], k: int) -> list[tuple[str, int, Callable]]:
+    """(kernel, parts, fn(x, w)) to time for one shape. The down projection's x is gate_up [rows, 2K]:
+    every variant includes its SiLU × up kernel, as in the model."""
+    act = silu_mul if name == "down_proj" else (lambda x: x)
+    out: list[tuple[str, int, Callable]] = [("cublas", 1, lambda x, w: F.linear(act(x), w))]
+    for parts in (p for p in parts_list if p > 1 and k % p == 0):
+        out.append(("bmm", parts, lambda x, w, parts=parts: linear_partials(act(x), w, parts)))
+    if name in NORMED:
+        for parts in (p for p in parts_list if k % (p * 128) == 0):
+            out.append(("triton", parts, lambda x, w, parts=parts: linear_partials_triton(act(x), w, parts)))
+    return out
 
 
 def shape_rows(args: argparse.Namespace, name: str, k: int, n: int) -> list[dict]:
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(args.layers)]
     norm = torch.ones(n, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(args.rows, k, device="cuda", dtype=torch.bfloat16)
+    width = 2 * k if name == "down_proj" else k
+    x = torch.randn(args.rows, width, device="cuda", dtype=torch.bfloat16)
     pristine = torch.randn(args.rows, n, device="cuda", dtype=torch.bfloat16)
     residual = pristine.clone()  # the timed steps add into it
-    reference = add_rmsnorm(_gemm(x, weights[0], 1), pristine.clone(), norm, 1e-5).float()
+    variants = _variants(name, [1, *args.parts], k)
+    reference = add_rmsnorm(variants[0][2](x, weights[0]), pristine.clone(), norm, 1e-5).float()
     rows = []
-    for parts in [1, *(p for p in args.parts if k % p == 0)]:
-        got = add_rmsnorm(_gemm(x, weights[0], parts), pristine.clone(), norm, 1e-5).float()
+    for kernel, parts, fn in variants:
+        got = add_rmsnorm(fn(x, weights[0]), pristine.clone(), norm, 1e-5).float()
         err = ((got - reference).norm() / reference.norm()).item()
 
-        def step(parts=parts):
+        def step(fn=fn):
             for w in weights:
-                y = _gemm(x, w, parts)
+                y = fn(x, w)
                 if name in NORMED:
                     add_rmsnorm(y, residual, norm, 1e-5)
 
         us = time_graph(step, args.replays) * 1000 / args.layers
         what = "gemm+add_rmsnorm" if name in NORMED else "gemm"
+        what = "silu+" + what if name == "down_proj" else what
         rows.append(
-            {"shape": name, "timed": what, "k": k, "n": n, "parts": parts, "us_per_layer": us, "rel_err": err}
-        )
+            {"shape": name, "timed": what, "kernel": kernel, "k": k, "n": n, "parts": parts,
+             "us_per_layer": us, "rel_err": err}
+        )  # fmt: skip
+    return rows
+
+
+def greedy_rows(args: argparse.Namespace, hidden: int = 4096, vocab: int = 128256) -> list[dict]:
+    """The LM head and the greedy pick of one decode step, each way (the 8B shape's vocabulary)."""
+    head = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
+    x = torch.randn(args.rows, hidden, device="cuda", dtype=torch.bfloat16)
+    ways = {
+        "torch_float_argmax": lambda: F.linear(x, head).float().argmax(dim=-1),
+        "triton_greedy": lambda: greedy_tokens(F.linear(x, head)),
+    }
+    same = bool((ways["torch_float_argmax"]() == ways["triton_greedy"]()).all())
+    rows = []
+    for kernel, fn in ways.items():
+        us = time_graph(lambda fn=fn: [fn() for _ in range(args.layers)], args.replays) * 1000 / args.layers
+        rows.append({"shape": "lm_head", "timed": "gemm+greedy", "kernel": kernel, "k": hidden, "n": vocab,
+                     "parts": 1, "us_per_layer": us, "rel_err": 0.0 if same else 1.0})  # fmt: skip
     return rows
 
 
@@ -70,6 +107,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     rows = [r for name, (k, n) in SHAPES.items() for r in shape_rows(args, name, k, n)]
+    rows += greedy_rows(args)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "device": torch.cuda.get_device_name(),
@@ -79,10 +117,10 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    print(f"{'shape':>12} {'timed':>16} {'parts':>5} {'us/layer':>9} {'err':>8}   (parts 1: cuBLAS alone)")
+    print(f"{'shape':>12} {'timed':>21} {'kernel':>7} {'parts':>5} {'us/layer':>9} {'err':>8}")
     for r in rows:
         us, err = r["us_per_layer"], r["rel_err"]
-        print(f"{r['shape']:>12} {r['timed']:>16} {r['parts']:>5} {us:>9.2f} {err:>8.1e}")
+        print(f"{r['shape']:>12} {r['timed']:>21} {r['kernel']:>7} {r['parts']:>5} {us:>9.2f} {err:>8.1e}")
 
 
 if __name__ == "__main__":

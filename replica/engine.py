@@ -89,7 +89,7 @@ class Engine:
         runner = ModelRunner(
             self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
             cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
-            decode_kernel=decode_kernel, k_slices=cfg.decode_k_slices,
+            decode_kernel=decode_kernel, k_slices=cfg.decode_k_slices, triton_gemms=cfg.decode_triton_gemms,
         )  # fmt: skip
         whole = cfg.keep_prompts_whole and runner.mixed_graphs is not None  # the rule serves the graphs
         scheduler = Scheduler(

@@ -33,6 +33,7 @@ async def _profile(args) -> dict:
         decode_attention_tile=args.decode_tile,
         decode_attention_rope=not args.separate_rope,
         decode_k_slices=args.k_slices,
+        decode_triton_gemms=tuple(g for g in args.triton_gemms.split(",") if g),
     )
     engine = Engine(config)
     await engine.start()
@@ -121,6 +122,9 @@ def main() -> None:
         "--separate-rope", action="store_true", help="decode: rotary + cache write in their own kernel"
     )
     p.add_argument("--k-slices", type=int, default=2, help="decode o/down projections as K-slice partials")
+    p.add_argument(
+        "--triton-gemms", default="o", help="of o,down: Triton kernels for those partials ('' none)"
+    )
     p.add_argument("--decode-splits", type=int, default=None, help="decode attention splits (default: auto)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()

@@ -22,9 +22,15 @@ from replica.rope import RotaryEmbedding
 PARTIALS_MAX_ROWS = 64  # K-slice partials pay off where cuBLAS splits K: decode-sized batches
 
 
-def project(linear: nn.Linear, x: torch.Tensor, k_slices: int) -> torch.Tensor:
+def project(linear: nn.Linear, x: torch.Tensor, k_slices: int, triton: bool = False) -> torch.Tensor:
     """linear(x), or with k_slices > 1 (and a decode-sized x) its float32 K-slice partial products,
-    which the next `add_rmsnorm` adds (see replica/triton_fused.py `linear_partials`)."""
+    which the next `add_rmsnorm` adds (see replica/triton_fused.py `linear_partials`). With `triton`,
+    a Triton kernel computes the partials (replica/triton_gemm.py) where it takes the launch."""
+    if triton:
+        from replica import triton_gemm
+
+        if triton_gemm.supports(x, linear.weight, k_slices):  # decode-sized, whole K tiles
+            return triton_gemm.linear_partials_triton(x, linear.weight, k_slices)
     if k_slices > 1 and x.shape[0] <= PARTIALS_MAX_ROWS and x.shape[1] % k_slices == 0:
         assert linear.bias is None, "K-slice partials carry no bias"
         from replica.triton_fused import linear_partials
@@ -72,7 +78,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(-1, self.q_size))
 
     def forward_fused(
-        self, x, positions, rope_table, kv_cache, meta: AttentionMetadata, k_slices: int = 0
+        self, x, positions, rope_table, kv_cache, meta: AttentionMetadata, k_slices: int = 0, triton_o=False
     ) -> torch.Tensor:
         """CUDA: one kernel rotates q and k in place and writes k and v to the cache; in a pure decode
         step the attention kernel does that itself (see replica/triton_decode.py)."""
@@ -81,7 +87,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         if fuses_rope_into_decode(meta, qkv.shape[0]):
             out = fused_rope_decode(qkv, positions, rope_table, kv_cache, meta, self.heads, self.scale)
-            return project(self.o_proj, out.reshape(-1, self.q_size), k_slices)
+            return project(self.o_proj, out.reshape(-1, self.q_size), k_slices, triton_o)
         rope_and_cache(
             qkv, positions, rope_table, meta.slot_mapping, kv_cache, self.heads, self.kv_heads, self.head_dim
         )
@@ -90,7 +96,7 @@ class Attention(nn.Module):
         k = k.view(-1, self.kv_heads, self.head_dim)
         v = v.view(-1, self.kv_heads, self.head_dim)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
-        return project(self.o_proj, out.reshape(-1, self.q_size), k_slices)
+        return project(self.o_proj, out.reshape(-1, self.q_size), k_slices, triton_o)
 
 
 class MLP(nn.Module):
@@ -104,10 +110,10 @@ class MLP(nn.Module):
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)
 
-    def forward_fused(self, x: torch.Tensor, k_slices: int = 0) -> torch.Tensor:
+    def forward_fused(self, x: torch.Tensor, k_slices: int = 0, triton_down: bool = False) -> torch.Tensor:
         from replica.triton_fused import silu_mul
 
-        return project(self.down_proj, silu_mul(self.gate_up_proj(x)), k_slices)
+        return project(self.down_proj, silu_mul(self.gate_up_proj(x)), k_slices, triton_down)
 
 
 class DecoderLayer(nn.Module):
@@ -142,6 +148,7 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg, self.head_dim)
         self.fused = False  # the model runner turns on the fused Triton path on CUDA
         self.k_slices = 0  # fused path: o/down projections as K-slice partials (see `project`)
+        self.triton_gemms: frozenset[str] = frozenset()  # fused path: of {"o", "down"}, Triton partials
 
     def forward(
         self,
@@ -167,12 +174,22 @@ class LlamaForCausalLM(nn.Module):
         eps = self.config.rms_norm_eps
         hidden = add_rmsnorm(residual, None, self.layers[0].input_layernorm.weight, eps)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            attn = layer.self_attn.forward_fused(hidden, positions, table, kv_cache, meta, self.k_slices)
+            attn = layer.self_attn.forward_fused(
+                hidden, positions, table, kv_cache, meta, self.k_slices, "o" in self.triton_gemms
+            )
             hidden = add_rmsnorm(attn, residual, layer.post_attention_layernorm.weight, eps)
             after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            mlp = layer.mlp.forward_fused(hidden, self.k_slices)
+            mlp = layer.mlp.forward_fused(hidden, self.k_slices, "down" in self.triton_gemms)
             hidden = add_rmsnorm(mlp, residual, after.weight, eps)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """argmax of the logits, without their float32 copy on the fused path (same tokens)."""
+        if not self.fused:
+            return self.compute_logits(hidden).argmax(dim=-1)
+        from replica.triton_greedy import greedy_tokens
+
+        return greedy_tokens(self.lm_head(hidden))

@@ -73,6 +73,7 @@ class ModelRunner:
         mixed_graphs: bool = True,
         decode_kernel: DecodeKernelShape = DecodeKernelShape(),
         k_slices: int = 0,
+        triton_gemms: tuple[str, ...] = (),
     ) -> None:
         cfg = model.config
         self.model = model
@@ -93,6 +94,7 @@ class ModelRunner:
         self.prefill_backend = "flash" if flash else "torch"
         model.fused = device.type == "cuda" and fused_kernels
         model.k_slices = k_slices if model.fused and dtype in (torch.bfloat16, torch.float16) else 0
+        model.triton_gemms = frozenset(triton_gemms) if model.k_slices >= 1 else frozenset()
         self.buffers = [
             StepBuffers(device, max(max_tokens, max_seqs), max_seqs, self.table_width) for _ in (0, 1)
         ]
@@ -226,7 +228,7 @@ class ModelRunner:
             prefills=[], decode_backend=self.decode_backend, decode_kernel=self.decode_kernel,
         )  # fmt: skip
         hidden = self.model(self._carried_ids(set_index, size), dev["positions"][:size], self.kv_caches, meta)
-        buf.samples_dev[:size].copy_(self.model.compute_logits(hidden).argmax(dim=-1))
+        buf.samples_dev[:size].copy_(self.model.greedy_tokens(hidden))
 
     def _mixed_graph_step(self, set_index: int, tokens: int) -> None:
         """The captured body of a mixed step padded to `tokens` (see mixed_graphs.py); all greedy."""
@@ -237,8 +239,7 @@ class ModelRunner:
         hidden = self.model(
             self._carried_ids(set_index, tokens), dev["positions"][:tokens], self.kv_caches, meta
         )
-        logits = self.model.compute_logits(hidden[dev["sample_rows"][:rows]])
-        buf.samples_dev[:rows].copy_(logits.argmax(dim=-1))
+        buf.samples_dev[:rows].copy_(self.model.greedy_tokens(hidden[dev["sample_rows"][:rows]]))
 
     def _eager_step(self, set_index: int, layout: StepLayout) -> None:
         buf = self.buffers[set_index]
@@ -258,6 +259,9 @@ class ModelRunner:
         )  # fmt: skip
         input_ids = self._carried_ids(set_index, t) if layout.has_placeholders else dev["input_ids"][:t]
         hidden = self.model(input_ids, dev["positions"][:t], self.kv_caches, meta)
+        if layout.all_greedy:  # the same kernel as the graphs' steps, so every step picks alike
+            buf.samples_dev[:s].copy_(self.model.greedy_tokens(hidden[dev["sample_rows"][:s]]))
+            return
         logits = self.model.compute_logits(hidden[dev["sample_rows"][:s]])
         params = SamplingTensors(
             temperature=dev["temperature"][:s], top_k=dev["top_k"][:s], top_p=dev["top_p"][:s],

@@ -162,6 +162,9 @@ def test_async_sync_and_eager_agree_and_graphs_are_used():
         {},
         {"decode_k_slices": 4},
         {"decode_attention_splits": 3, "decode_attention_tile": 64, "decode_attention_rope": False},
+        {"decode_triton_gemms": ("o", "down")},
+        {"decode_triton_gemms": (), "decode_k_slices": 0},
+        {"decode_triton_gemms": ("down",), "decode_k_slices": 1},
     ],
 )
 def test_bf16_async_equals_sync_on_the_same_batches(knobs):

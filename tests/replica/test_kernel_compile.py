@@ -86,3 +86,24 @@ def test_rope_cache_and_silu_kernels_compile():
     silu_types = {"gate_up_ptr": "*bf16", "out_ptr": "*bf16", "inter": "i32"}
     silu = compile_for_h200(_silu_mul_kernel, silu_types, dict(BLOCK=1024))
     assert "st.global" in rope.asm["ptx"] and "st.global" in silu.asm["ptx"]
+
+
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+def test_partials_gemm_compiles_to_tensor_core_code(block_m):
+    from replica.triton_gemm import BLOCK_K, BLOCK_N, _partials_kernel
+
+    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32"}
+    types |= dict.fromkeys(("M", "N", "K_PART", "stride_x", "stride_w"), "i32")
+    constants = dict(BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+    ptx = compile_for_h200(_partials_kernel, types, constants).asm["ptx"]
+    assert "wgmma" in ptx  # the dot runs on the H200's warpgroup matrix units, not scalar FMAs
+
+
+def test_greedy_kernels_compile():
+    from replica.triton_greedy import CHUNK, _chunk_max_kernel, _pick_kernel
+
+    types = {"logits_ptr": "*bf16", "best_ptr": "*fp32", "best_id_ptr": "*i32", "out_ptr": "*i64"}
+    types |= {"vocab": "i32", "stride": "i32", "chunks": "i32"}
+    chunk = compile_for_h200(_chunk_max_kernel, types, dict(CHUNK=CHUNK))
+    pick = compile_for_h200(_pick_kernel, types, dict(CHUNKS=32))
+    assert "st.global" in chunk.asm["ptx"] and "st.global" in pick.asm["ptx"]

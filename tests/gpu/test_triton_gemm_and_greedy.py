@@ -1,0 +1,74 @@
+"""GPU checks (skipped without CUDA) of the Triton K-slice partials GEMM and the greedy pick.
+
+Run on the GPU machine: python -m pytest tests/gpu -q --confcutdir=tests/gpu
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 32, 64])
+@pytest.mark.parametrize("parts", [1, 2, 4])
+def test_triton_partials_sum_to_the_product(rows, parts):
+    from replica.triton_gemm import linear_partials_triton
+
+    torch.manual_seed(rows * 10 + parts)
+    k, n = 2048, 576  # N not a multiple of the 64-row tile: the edge tile is masked
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    got = linear_partials_triton(x, w, parts)
+    assert got.shape == (parts, rows, n) and got.dtype == torch.float32
+    assert _rel(got.sum(0), x.float() @ w.float().T) < 1e-4  # float32 sums of the same bf16 operands
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_triton_partials_then_norm_match_linear_then_norm(parts):
+    from replica.triton_fused import add_rmsnorm
+    from replica.triton_gemm import linear_partials_triton
+
+    torch.manual_seed(parts)
+    x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 4096**-0.5
+    norm = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    res_ref = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
+    res = res_ref.clone()
+    ref = add_rmsnorm(torch.nn.functional.linear(x, w), res_ref, norm, 1e-5)
+    got = add_rmsnorm(linear_partials_triton(x, w, parts), res, norm, 1e-5)
+    assert _rel(got, ref) < 1e-2 and _rel(res, res_ref) < 1e-2
+
+
+def test_partials_reject_what_they_cannot_run():
+    from replica.triton_gemm import linear_partials_triton
+
+    w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError):  # K slices must be whole 128-wide tiles
+        linear_partials_triton(torch.randn(4, 256, device="cuda", dtype=torch.bfloat16), w, 4)
+    with pytest.raises(ValueError):  # more rows than a decode step's
+        linear_partials_triton(torch.randn(65, 256, device="cuda", dtype=torch.bfloat16), w, 1)
+    with pytest.raises(ValueError):  # x and W must share K
+        linear_partials_triton(torch.randn(4, 128, device="cuda", dtype=torch.bfloat16), w, 1)
+    with pytest.raises(ValueError):  # float32 stays with cuBLAS (exactness reference)
+        linear_partials_triton(torch.randn(4, 256, device="cuda"), w.float(), 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_greedy_tokens_equal_argmax_and_take_the_lowest_tied_id(dtype):
+    from replica.triton_greedy import greedy_tokens
+
+    torch.manual_seed(0)
+    logits = torch.randn(33, 128256, device="cuda").to(dtype)
+    logits[3, [5000, 90000, 128255]] = 50.0  # a tie across lanes and blocks
+    logits[4, [7, 7 + 4096]] = 50.0  # a tie within one lane
+    logits[5, -1] = 60.0  # the last id, in the masked tail block
+    logits[6] = float("-inf")
+    got = greedy_tokens(logits)
+    assert torch.equal(got, logits.float().argmax(dim=-1))
+    assert got[3].item() == 5000 and got[4].item() == 7 and got[5].item() == 128255 and got[6].item() == 0
