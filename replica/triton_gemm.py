@@ -12,7 +12,7 @@ sizes the GEMM is a read of W.
 
 Fusing SiLU × up into the down projection's operand load was measured and dropped: every variant
 (operands either way round, register prefetch of the activation) ran 52-186 µs per layer against
-36.7 for the SiLU kernel plus partials (docs/bench/h200_swiglu_down_variants.json).
+36.7 for the SiLU kernel plus partials (docs/bench/h200_swiglu_down_variants.json; script in commit 8fdb472).
 """
 
 from __future__ import annotations
