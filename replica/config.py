@@ -50,7 +50,8 @@ class EngineConfig:
     decode_attention_rope: bool = True
     # CUDA bf16/fp16, fused kernels, decode-sized steps: the output and down projections as this
     # many float32 K-slice partial products, added by the next residual-add + RMSNorm kernel,
-    # instead of cuBLAS's split-K with its own reduce kernel. 0 or 1: cuBLAS decides.
+    # instead of cuBLAS's split-K with its own reduce kernel. 0: cuBLAS decides; 1: cuBLAS decides
+    # except for the projections in decode_triton_gemms (one partial, from the Triton kernel).
     # Two measured best on the 8B shape at batch 32 (BENCHMARKS.md).
     decode_k_slices: int = 2
     # CUDA bf16/fp16, fused kernels, decode-sized steps: which of the output ("o") and down ("down")

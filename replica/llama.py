@@ -26,13 +26,14 @@ def project(linear: nn.Linear, x: torch.Tensor, k_slices: int, triton: bool = Fa
     """linear(x), or with k_slices > 1 (and a decode-sized x) its float32 K-slice partial products,
     which the next `add_rmsnorm` adds (see replica/triton_fused.py `linear_partials`). With `triton`,
     a Triton kernel computes the partials (replica/triton_gemm.py) where it takes the launch."""
+    if triton or k_slices > 1:
+        assert linear.bias is None, "K-slice partials carry no bias"
     if triton:
         from replica import triton_gemm
 
         if triton_gemm.supports(x, linear.weight, k_slices):  # decode-sized, whole K tiles
             return triton_gemm.linear_partials_triton(x, linear.weight, k_slices)
     if k_slices > 1 and x.shape[0] <= PARTIALS_MAX_ROWS and x.shape[1] % k_slices == 0:
-        assert linear.bias is None, "K-slice partials carry no bias"
         from replica.triton_fused import linear_partials
 
         return linear_partials(x, linear.weight, k_slices)

@@ -32,7 +32,7 @@ class SamplingTensors:
 
 def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """One token id per row of logits [S, vocab] (float32)."""
-    greedy = logits.argmax(dim=-1)
+    greedy = greedy_pick(logits)
     if params.all_greedy:
         return greedy
     temperature = params.temperature.clamp(min=1e-5)[:, None]
@@ -42,6 +42,16 @@ def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     noise = exponential_noise(params.seed, params.position, logits.shape[-1])
     drawn = (probs / noise).argmax(dim=-1)
     return torch.where(params.temperature == 0, greedy, drawn)
+
+
+def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
+    """argmax per row; on CUDA the kernel the all-greedy steps use (replica/triton_greedy.py), so a
+    greedy row picks alike whatever its batch (the two differ only on NaN, which it never picks)."""
+    if logits.is_cuda:
+        from replica.triton_greedy import greedy_tokens
+
+        return greedy_tokens(logits)
+    return logits.argmax(dim=-1)
 
 
 def _filter_top_k_top_p(probs: torch.Tensor, params: SamplingTensors) -> torch.Tensor:

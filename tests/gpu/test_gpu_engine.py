@@ -180,6 +180,31 @@ def test_bf16_async_equals_sync_on_the_same_batches(knobs):
     assert outputs["async"][1]  # graphs were used
 
 
+def test_triton_output_projection_runs_in_the_engine_and_async_equals_sync(monkeypatch):
+    """The 1B shape's output projection (K = 2048, whole 128-wide slices) takes the Triton partials
+    kernel by default; SmolLM2's (K = 576) cannot, so the knobs above never reach it."""
+    from replica import triton_gemm
+
+    calls = []
+    real = triton_gemm.linear_partials_triton
+
+    def counted(x, w, parts):
+        calls.append((x.shape[0], w.shape[1], parts))
+        return real(x, w, parts)
+
+    monkeypatch.setattr(triton_gemm, "linear_partials_triton", counted)
+    prompts = _prompts(8, 120000, seed=11)
+    max_tokens = [24, 9, 30, 17, 5, 28, 12, 20]
+    base = dict(model="llama-3.2-1b", random_weights=True, device="cuda", max_num_seqs=16)
+    outputs = {
+        mode: asyncio.run(_generate_all(EngineConfig(**base, mode=mode), prompts, max_tokens, together=True))
+        for mode in ("async", "sync")
+    }
+    assert outputs["async"][0] == outputs["sync"][0]
+    assert [len(o) for o in outputs["async"][0]] == max_tokens
+    assert calls and all(k == 2048 and parts == 2 for _rows, k, parts in calls)
+
+
 def test_float32_greedy_equals_transformers():
     from replica.bench_baselines import hf_generate
     from replica.hf_reference import hf_model_like

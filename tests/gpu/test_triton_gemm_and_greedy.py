@@ -64,11 +64,27 @@ def test_greedy_tokens_equal_argmax_and_take_the_lowest_tied_id(dtype):
     from replica.triton_greedy import greedy_tokens
 
     torch.manual_seed(0)
-    logits = torch.randn(33, 128256, device="cuda").to(dtype)
-    logits[3, [5000, 90000, 128255]] = 50.0  # a tie across lanes and blocks
-    logits[4, [7, 7 + 4096]] = 50.0  # a tie within one lane
-    logits[5, -1] = 60.0  # the last id, in the masked tail block
+    logits = torch.randn(34, 128256, device="cuda").to(dtype)
+    logits[3, [5000, 90000, 128255]] = 50.0  # a tie across chunks
+    logits[4, [7, 7 + 4096]] = 50.0  # the same offset in two chunks
+    logits[5, -1] = 60.0  # the last id, in the masked tail chunk
     logits[6] = float("-inf")
+    logits[7, [100, 50]] = 60.0  # a tie within one chunk: the lower id, though stored second
+    logits[8, [4095, 4096]] = 60.0  # a tie across a chunk boundary
     got = greedy_tokens(logits)
     assert torch.equal(got, logits.float().argmax(dim=-1))
-    assert got[3].item() == 5000 and got[4].item() == 7 and got[5].item() == 128255 and got[6].item() == 0
+    expected = {3: 5000, 4: 7, 5: 128255, 6: 0, 7: 50, 8: 4095}
+    assert {row: got[row].item() for row in expected} == expected
+    logits[9, 11] = float("nan")  # never picked: the row's real maximum is
+    logits[9, 12] = 70.0
+    assert greedy_tokens(logits)[9].item() == 12
+
+
+def test_sampler_greedy_rows_use_the_same_pick():
+    from replica.sampler import greedy_pick
+
+    logits = torch.randn(4, 49152, device="cuda")
+    logits[1, 3] = float("nan")
+    logits[1, 4] = 80.0
+    assert greedy_pick(logits).tolist()[1] == 4
+    assert torch.equal(greedy_pick(logits)[[0, 2, 3]], logits[[0, 2, 3]].argmax(dim=-1))
