@@ -3,24 +3,29 @@
 ``RedisQuotaStore`` (tenancy) falls back to local buckets while Redis is down and replays queued
 releases when it returns, but the admissions made locally never reach Redis. If Redis lost its
 state (a restart without persistence), every bucket comes back full and a tenant could be served
-a second full bucket on top of what it used during the outage. This wrapper remembers the local
-admissions (bounded) and, on the first call after Redis is back, debits them from the shared
-buckets (an acquire immediately released with all tokens used: one request, its tokens, no slot
-kept). A debit that finds the bucket empty is dropped: the bucket is already as low as it goes.
+a second full bucket on top of what it used during the outage. This wrapper sums the local
+admissions per tenant and, on the first call after Redis is back, debits them from the shared
+buckets (``RedisQuotaStore.debit``: one request per admission and its tokens, no slot).
+
+Two orderings matter, because a restarted Redis hands its full bucket to whoever asks first:
+
+* On this router the debits land before any admission of its own reaches Redis: acquires that
+  arrive while they are on their way wait for them (one round trip per tenant). They used to go
+  straight to Redis, take the fresh bucket, and the debits found it empty and were dropped.
+* Another router may reconnect later and debit after this one's admissions: the debit then puts
+  the bucket into debt (at most one bucket), paid back by refill, instead of being dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import uuid
-from collections import deque
 from typing import Any
 
 from tenancy import Lease, RedisQuotaStore
 from tenancy.store import AcquireResult, LimitSpec
 
 log = logging.getLogger(__name__)
-MAX_REMEMBERED = 100_000
 
 
 class ReconcilingStore:
@@ -28,8 +33,9 @@ class ReconcilingStore:
 
     def __init__(self, inner: RedisQuotaStore) -> None:
         self._inner = inner
-        self._local: deque[tuple[str, LimitSpec, int]] = deque(maxlen=MAX_REMEMBERED)
-        self._was_degraded = False
+        # (tenant, limits) -> [requests, tokens] admitted locally and not yet debited from Redis.
+        self._owed: dict[tuple[str, LimitSpec], list[int]] = {}
+        self._reconciling = asyncio.Lock()
         self.reconciled = 0
 
     def __getattr__(self, name: str) -> Any:  # degraded, degraded_reason, pending_releases, close...
@@ -39,8 +45,7 @@ class ReconcilingStore:
         await self._reconcile_if_back()
         result = await self._inner.acquire(tenant_id, limits, lease_id, tokens)
         if result.admitted and result.backend != "redis":
-            self._local.append((tenant_id, limits, tokens))
-        self._was_degraded = self._inner.degraded or self._was_degraded
+            self._owe(tenant_id, limits, 1, tokens)
         return result
 
     async def release(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
@@ -54,29 +59,23 @@ class ReconcilingStore:
         await self._reconcile_if_back()
         return ok
 
+    def _owe(self, tenant_id: str, limits: LimitSpec, requests: int, tokens: int) -> None:
+        owed = self._owed.setdefault((tenant_id, limits), [0, 0])
+        owed[0] += requests
+        owed[1] += tokens
+
     async def _reconcile_if_back(self) -> None:
-        if not self._was_degraded or self._inner.degraded:
+        # No await on the common path (nothing owed, or Redis still down, and no debit on its way).
+        if not self._reconciling.locked() and (not self._owed or self._inner.degraded):
             return
-        self._was_degraded = False
-        done = 0
-        while self._local and not self._inner.degraded:
-            tenant_id, limits, tokens = self._local.popleft()
-            # One request and its tokens; the slot it takes is given back at once.
-            lease_id = uuid.uuid4().hex
-            result = await self._inner.acquire(tenant_id, limits, lease_id, tokens)
-            if result.admitted and result.backend == "redis":
-                lease = Lease(
-                    lease_id=lease_id,
-                    tenant_id=tenant_id,
-                    prompt_tokens=tokens,
-                    max_tokens=0,
-                    reserved_tokens=tokens,
-                    budget_day=result.budget_day,
-                    backend="redis",
-                    acquired_at=0.0,
-                )
-                await self._inner.release(lease, limits, tokens)
-            done += 1
+        async with self._reconciling:  # callers that arrive meanwhile wait here for the debits
+            done = 0
+            while self._owed and not self._inner.degraded:
+                (tenant_id, limits), (requests, tokens) = self._owed.popitem()
+                if not await self._inner.debit(tenant_id, limits, requests, tokens):
+                    self._owe(tenant_id, limits, requests, tokens)  # Redis went again: next time
+                    break
+                done += requests
         self.reconciled += done
         if done:
             log.warning("reconciled %d admissions made on local limits during the Redis outage", done)

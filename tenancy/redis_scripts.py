@@ -88,6 +88,31 @@ return 1
 """
 )
 
+# Charge requests already admitted elsewhere (on a router's local buckets while Redis was down).
+# Never refused and never dropped at an empty bucket: the level goes into debt, paid back by refill,
+# so the charge counts the same whether it lands before or after other admissions (a router that
+# reconnects late, or admissions that beat it to a restarted Redis). The debt is capped at one
+# bucket, so a long outage does not lock a tenant out for long; a charge never raises a level.
+# KEYS: rpm, tpm, budget
+# ARGV: now, rpm_cap, tpm_cap, requests, tokens, budget (-1: none), budget_ttl_s
+DEBIT = (
+    _BUCKET_LIB
+    + """
+local now = tonumber(ARGV[1])
+local function charge(key, cap, amount)
+  local level = load_bucket(key, cap, now)
+  save_bucket(key, math.min(level, math.max(level - amount, -cap)), cap, now)
+end
+charge(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[4]))
+charge(KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[5]))
+if tonumber(ARGV[6]) >= 0 then
+  redis.call('INCRBY', KEYS[3], ARGV[5])
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
+end
+return 1
+"""
+)
+
 # KEYS: conc; ARGV: lease_id, new_expiry, lease_ttl_ms
 RENEW = """
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then return 0 end

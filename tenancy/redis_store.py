@@ -68,6 +68,7 @@ class RedisQuotaStore:
         self._acquire = client.register_script(redis_scripts.ACQUIRE)
         self._release = client.register_script(redis_scripts.RELEASE)
         self._renew = client.register_script(redis_scripts.RENEW)
+        self._debit = client.register_script(redis_scripts.DEBIT)
         self._degraded_reason: str | None = None
         self._next_probe_at = 0.0
         self._probe_task: asyncio.Task[bool] | None = None
@@ -157,6 +158,24 @@ class RedisQuotaStore:
         except _FAILURES as exc:
             self._enter_degraded(exc)
             return True
+
+    async def debit(self, tenant_id: str, limits: LimitSpec, requests: int, tokens: int) -> bool:
+        """Charge ``requests`` admissions and their ``tokens`` made on local limits to the shared
+        buckets and budget, into debt if need be (``redis_scripts.DEBIT``); no slot is taken.
+
+        False, and degraded, when Redis did not answer: keep the charge for the next try.
+        """
+        now = self._clock()
+        rpm, tpm, _, budget = self.keys(tenant_id, day_of(now))
+        cap = -1 if limits.daily_token_budget is None else limits.daily_token_budget
+        args = [repr(now), limits.requests_per_minute, limits.tokens_per_minute, requests, tokens, cap]
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await self._debit(keys=[rpm, tpm, budget], args=[*args, 2 * SECONDS_PER_DAY])
+        except _FAILURES as exc:
+            self._enter_degraded(exc)
+            return False
+        return True
 
     async def probe(self) -> bool:
         """Try Redis now; on success leave degraded mode and replay queued releases."""
