@@ -26,6 +26,7 @@ import torch
 
 from replica.bench_baselines import hf_cb_in_child, load_only, run_hf, run_hf_cb
 from replica.config import EngineConfig
+from replica.decode_flags import add_decode_flags, decode_config
 from replica.engine import Engine
 from replica.roofline import roofline
 from replica.sampling_params import SamplingParams
@@ -48,12 +49,7 @@ async def run_engine(args, mode: str) -> dict:
         max_num_batched_tokens=args.max_batched_tokens,
         gil_switch_interval_ms=args.gil_switch_ms,
         mixed_cuda_graphs=not args.no_mixed_graphs,
-        keep_prompts_whole=not args.split_prompts,
-        decode_attention_splits=args.decode_splits,
-        decode_attention_tile=args.decode_tile,
-        decode_attention_rope=not args.separate_rope,
-        decode_k_slices=args.k_slices,
-        decode_triton_gemms=tuple(g for g in args.triton_gemms.split(",") if g),
+        **decode_config(args),
     )
     engine = Engine(config)
     await engine.start()
@@ -284,18 +280,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="async,sync,hf-single")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per engine mode (median kept)")
     p.add_argument("--no-mixed-graphs", action="store_true", help="run mixed steps eagerly")
-    p.add_argument(
-        "--split-prompts", action="store_true", help="fill each step's budget (keep_prompts_whole off)"
-    )
-    p.add_argument("--decode-splits", type=int, default=None, help="decode attention splits (default: auto)")
-    p.add_argument("--decode-tile", type=int, default=128, help="decode attention tokens per iteration")
-    p.add_argument(
-        "--separate-rope", action="store_true", help="decode: rotary + cache write in their own kernel"
-    )
-    p.add_argument("--k-slices", type=int, default=2, help="decode o/down projections as K-slice partials")
-    p.add_argument(
-        "--triton-gemms", default="o", help="of o,down: Triton kernels for those partials ('' none)"
-    )
+    add_decode_flags(p)
     p.add_argument("--gil-switch-ms", type=float, default=0.5, help="the engine's GIL switch interval")
     p.add_argument("--hf-requests", type=int, default=4, help="requests timed in hf-single mode")
     p.add_argument("--hf-cb-timeout", type=float, default=240.0, help="seconds for the hf-cb child")

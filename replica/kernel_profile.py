@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from replica.bench import make_prompts
 from replica.config import EngineConfig
+from replica.decode_flags import add_decode_flags, decode_config
 from replica.engine import Engine
 from replica.sampling_params import SamplingParams
 
@@ -28,12 +29,7 @@ async def _profile(args) -> dict:
         random_weights=args.random_weights,
         device="cuda",
         max_num_batched_tokens=args.max_batched_tokens,
-        keep_prompts_whole=not args.split_prompts,
-        decode_attention_splits=args.decode_splits,
-        decode_attention_tile=args.decode_tile,
-        decode_attention_rope=not args.separate_rope,
-        decode_k_slices=args.k_slices,
-        decode_triton_gemms=tuple(g for g in args.triton_gemms.split(",") if g),
+        **decode_config(args),
     )
     engine = Engine(config)
     await engine.start()
@@ -116,16 +112,7 @@ def main() -> None:
     p.add_argument("--window-s", type=float, default=0.3)
     p.add_argument("--phase", choices=("decode", "prefill", "mixed"), default="decode")
     p.add_argument("--max-batched-tokens", type=int, default=512, help="the engine's step token budget")
-    p.add_argument("--split-prompts", action="store_true", help="keep_prompts_whole off")
-    p.add_argument("--decode-tile", type=int, default=128, help="decode attention tokens per iteration")
-    p.add_argument(
-        "--separate-rope", action="store_true", help="decode: rotary + cache write in their own kernel"
-    )
-    p.add_argument("--k-slices", type=int, default=2, help="decode o/down projections as K-slice partials")
-    p.add_argument(
-        "--triton-gemms", default="o", help="of o,down: Triton kernels for those partials ('' none)"
-    )
-    p.add_argument("--decode-splits", type=int, default=None, help="decode attention splits (default: auto)")
+    add_decode_flags(p)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     result = asyncio.run(_profile(args))

@@ -18,6 +18,7 @@ from replica.attention import (
     write_kv,
 )
 from replica.rope import RotaryEmbedding
+from replica.sampler import greedy_pick
 
 PARTIALS_MAX_ROWS = 64  # K-slice partials pay off where cuBLAS splits K: decode-sized batches
 
@@ -188,9 +189,5 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """argmax of the logits, without their float32 copy on the fused path (same tokens)."""
-        if not self.fused:
-            return self.compute_logits(hidden).argmax(dim=-1)
-        from replica.triton_greedy import greedy_tokens
-
-        return greedy_tokens(self.lm_head(hidden))
+        """argmax of the logits in their own dtype: no float32 copy (the cast is exact: same tokens)."""
+        return greedy_pick(self.lm_head(hidden))

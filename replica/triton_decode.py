@@ -27,6 +27,7 @@ import triton.language as tl
 # never replaced: a captured CUDA graph keeps the address it saw.
 _COUNTER_SLOTS = 1 << 16
 _counters: dict[torch.device, torch.Tensor] = {}
+_unused: dict[torch.device, torch.Tensor] = {}  # a float32 pointer for launches without splits
 _TARGET_PROGRAMS = 256  # about 2 per H200 multiprocessor; more splits measured slower at batch 32
 
 
@@ -194,6 +195,7 @@ def _counter(device: torch.device) -> torch.Tensor:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("run paged_decode_attention once outside a CUDA graph capture first")
         _counters[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+        _unused[device] = torch.empty(1, dtype=torch.float32, device=device)  # see paged_decode_attention
     return _counters[device]
 
 
@@ -237,12 +239,16 @@ def paged_decode_attention(
     if rope is not None and batch > 1 and q.stride(0) < (heads + 2 * kv_heads) * dim:  # (one row: any stride)
         raise ValueError("with rope, q must be the query part of the step's qkv rows (k and v follow it)")
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
-    parts = max(batch * kv_heads * splits, 1) if splits > 1 else 1
-    part_acc = torch.empty(parts * group_pad * dim, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(parts * 2 * group_pad, dtype=torch.float32, device=q.device)
+    counters = _counter(q.device)
+    if splits > 1:
+        parts = batch * kv_heads * splits
+        part_acc = torch.empty(parts * group_pad * dim, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(parts * 2 * group_pad, dtype=torch.float32, device=q.device)
+    else:  # the kernel never touches them: a standing float32 pointer, no allocation per layer and step
+        part_acc = part_ml = _unused[q.device]
     positions, table, slots = rope if rope is not None else (context_lens, context_lens, context_lens)
     _paged_decode_kernel[(batch, kv_heads, splits)](
-        q, k_cache, v_cache, out, block_tables, context_lens, part_acc, part_ml, _counter(q.device), scale,
+        q, k_cache, v_cache, out, block_tables, context_lens, part_acc, part_ml, counters, scale,
         positions, table, slots,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

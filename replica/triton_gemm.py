@@ -11,7 +11,7 @@ all of x's rows (at most 64, padded to 16/32/64), and streams its rows of W once
 sizes the GEMM is a read of W.
 
 Fusing SiLU × up into the down projection's operand load was measured and dropped: every variant
-(operands either way round, register prefetch of the activation) ran 52-186 µs per layer against
+(operands either way round, register prefetch of the activation) ran 52.7-291 µs per layer against
 36.7 for the SiLU kernel plus partials (docs/bench/h200_swiglu_down_variants.json; script in commit 8fdb472).
 """
 

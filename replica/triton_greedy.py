@@ -42,9 +42,10 @@ def _pick_kernel(best_ptr, best_id_ptr, out_ptr, chunks, vocab, CHUNKS: tl.const
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim of [rows, vocab] logits, as int64; NaN logits are never chosen."""
+    """argmax over the last dim of [rows, vocab] CUDA logits, as int64; NaN logits are never chosen.
+    (`replica.sampler.greedy_pick` is the entry point: it sends CPU logits to torch.)"""
     rows, vocab = logits.shape
-    if not logits.is_cuda or logits.stride(1) != 1 or rows == 0:
+    if logits.stride(1) != 1 or rows == 0:
         return logits.argmax(dim=-1)
     chunks = triton.cdiv(vocab, CHUNK)
     best = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)

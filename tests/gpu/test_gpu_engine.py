@@ -116,10 +116,14 @@ def test_decode_kernel_with_rope_equals_rope_kernel_then_decode(dtype, splits):
         paged_decode_attention(q_one.contiguous(), k_cache, v_cache, tables, lens, dim**-0.5, rope=rope)
 
 
-@pytest.mark.parametrize("parts", [2, 4, 7])
-def test_k_slice_partials_then_norm_match_linear_then_norm(parts):
+@pytest.mark.parametrize(
+    ("kernel", "parts"), [("bmm", 2), ("bmm", 4), ("bmm", 7), ("triton", 1), ("triton", 2)]
+)
+def test_k_slice_partials_then_norm_match_linear_then_norm(kernel, parts):
     from replica.triton_fused import add_rmsnorm, linear_partials
+    from replica.triton_gemm import linear_partials_triton
 
+    partials = linear_partials if kernel == "bmm" else linear_partials_triton
     torch.manual_seed(parts)
     x = torch.randn(32, 14336, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 14336, device="cuda", dtype=torch.bfloat16) * 14336**-0.5
@@ -127,7 +131,7 @@ def test_k_slice_partials_then_norm_match_linear_then_norm(parts):
     res_ref = torch.randn(32, 1024, device="cuda", dtype=torch.bfloat16)
     res = res_ref.clone()
     ref = add_rmsnorm(torch.nn.functional.linear(x, w), res_ref, norm, 1e-5).float()
-    got = add_rmsnorm(linear_partials(x, w, parts), res, norm, 1e-5).float()
+    got = add_rmsnorm(partials(x, w, parts), res, norm, 1e-5).float()
     assert ((got - ref).norm() / ref.norm()).item() < 1e-2
     assert ((res.float() - res_ref.float()).norm() / res_ref.float().norm()).item() < 1e-2
 
