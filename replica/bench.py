@@ -68,8 +68,7 @@ async def run_engine(args, mode: str) -> dict:
     runs.sort(key=lambda run: run[0])
     wall, per_request, records, summary = runs[len(runs) // 2]  # the median run's figures
     result = _summarise(mode, per_request, wall, summary)
-    mixed = engine.core.runner.mixed_graphs
-    result["mixed_graph_replays"] = mixed.replays if mixed is not None else 0  # warm-up and every run
+    result["mixed_graph_replays"] = engine.core.runner.mixed_replays  # warm-up and every run
     result["runs_tok_s"] = [round(sum(len(r["tokens"]) for r in run[1]) / run[0], 1) for run in runs]
     result["prefill_steps"] = [  # (prefill tokens, rows, device ms, host launch ms) of prefill steps
         (r.num_prefill_tokens, r.batch_size, round(r.compute_ms, 3), round(r.launch_ms, 3))

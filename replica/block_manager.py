@@ -1,7 +1,9 @@
 """Paged KV cache bookkeeping: fixed-size blocks, a free list, per-sequence block tables.
 
 Block 0 is reserved and never handed out: padded rows (CUDA graph batches) write their keys there,
-so a padded row can never corrupt a live sequence's cache.
+so a padded row can never corrupt a live sequence's cache. Blocks are reference-counted: the
+parallel samples of one request share their prompt's full blocks, and a block returns to the free
+list when its last table lets go of it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: deque[int] = deque(range(1, num_blocks))
+        self._refs = [0] * num_blocks
 
     @property
     def num_free(self) -> int:
@@ -44,9 +47,21 @@ class BlockManager:
         count = self.blocks_needed(table, num_tokens)
         if count > len(self._free):
             raise RuntimeError(f"KV cache exhausted: need {count} blocks, {len(self._free)} free")
-        table.extend(self._free.popleft() for _ in range(count))
+        for _ in range(count):
+            block = self._free.popleft()
+            self._refs[block] = 1
+            table.append(block)
+
+    def share(self, blocks: list[int]) -> list[int]:
+        """A new table holding the same blocks (each one's count goes up)."""
+        for block in blocks:
+            self._refs[block] += 1
+        return list(blocks)
 
     def free(self, table: list[int]) -> None:
-        """Return every block of `table` to the pool and empty it."""
-        self._free.extend(table)
+        """Let go of every block of `table` and empty it; blocks no other table holds are free again."""
+        for block in table:
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free.append(block)
         table.clear()

@@ -31,14 +31,17 @@ class IncrementalDetokenizer:
         self.emitted = 0  # characters of `text` already handed to the caller
         self.stopped = False
 
-    def add(self, token_id: int) -> None:
-        """Append one token; sets `stopped` when a stop string appears."""
+    def add(self, token_id: int, check_stops: bool = True) -> None:
+        """Append one token; sets `stopped` when a stop string appears (looked for only while
+        `check_stops`: a request's min_tokens come out whatever they hold)."""
         self.ids.append(token_id)
         delta = self._decode_delta()
         if not delta:
             return
         search_from = max(0, len(self.text) - self.hold_back)
         self.text += delta
+        if not check_stops:
+            return
         for stop in self.stop:
             at = self.text.find(stop, search_from)
             if at >= 0:

@@ -33,6 +33,7 @@ from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidReq
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput
+from replica.sampler import mix_seed
 from replica.sampling_params import SamplingParams
 from replica.scheduler import Scheduler
 from replica.sequence import Sequence
@@ -91,7 +92,7 @@ class Engine:
             cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
             decode_kernel=decode_kernel, k_slices=cfg.decode_k_slices, triton_gemms=cfg.decode_triton_gemms,
         )  # fmt: skip
-        whole = cfg.keep_prompts_whole and runner.mixed_graphs is not None  # the rule serves the graphs
+        whole = cfg.keep_prompts_whole and bool(runner.mixed_graphs)  # the rule serves the graphs
         scheduler = Scheduler(
             blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width, keep_prompts_whole=whole
         )
@@ -141,24 +142,26 @@ class Engine:
     async def generate(
         self, prompt: SeqOf[int] | str, params: SamplingParams, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; leaving the loop early aborts it and frees its KV blocks."""
-        seq, detok = self._admit(prompt, params, request_id or uuid.uuid4().hex)
+        """Stream a request's outputs (each sample's under its `index`); it ends when every sample has.
+        Leaving the loop early aborts the request and frees its KV blocks."""
+        seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex)
+        request_id = seqs[0].request_id
         stream: asyncio.Queue = asyncio.Queue()
-        self._streams[seq.request_id] = stream
-        self.core.inbox.put(_Add(seq, detok, RequestMetrics(arrival=seq.arrival)))
-        finished = False
+        self._streams[request_id] = stream
+        self.core.inbox.put(_Add(seqs, detoks, RequestMetrics(arrival=seqs[0].arrival)))
+        open_samples = len(seqs)
         try:
-            while not finished:
+            while open_samples:
                 item = await stream.get()
                 if isinstance(item, Exception):
-                    finished = True
+                    open_samples = 0
                     raise item
-                finished = item.finished
+                open_samples -= item.finished
                 yield item
         finally:
-            self._streams.pop(seq.request_id, None)
-            if not finished:
-                self.core.inbox.put(_Abort(seq.request_id))
+            self._streams.pop(request_id, None)
+            if open_samples:
+                self.core.inbox.put(_Abort(request_id))
 
     async def abort(self, request_id: str) -> None:
         if self.core is not None:
@@ -166,31 +169,51 @@ class Engine:
 
     def _admit(
         self, prompt, params: SamplingParams, request_id: str
-    ) -> tuple[Sequence, IncrementalDetokenizer | None]:
+    ) -> tuple[list[Sequence], list[IncrementalDetokenizer | None]]:
+        """The request's sequences (one per sample) and their detokenizers, validated."""
         if not self.running:
             raise EngineStoppedError("the engine is not running")
         if request_id in self._streams:
             raise DuplicateRequestError(f"request id {request_id!r} is already in flight")
         ids = self._prompt_ids(prompt)
         self._check_fits(len(ids), params.max_tokens)
-        seed = params.seed if params.seed is not None else random.getrandbits(32)
-        seq = Sequence(
-            request_id=request_id,
-            tokens=ids,
-            num_prompt=len(ids),
-            params=params,
-            seed=(seed ^ (seed >> 32)) & 0xFFFFFFFF,
-            arrival=time.monotonic(),
-            max_len=self.max_model_len,
-        )
-        detok = None
-        if self.tokenizer is not None:
-            detok = IncrementalDetokenizer(
-                self.tokenizer, ids, params.stop, params.include_stop_str_in_output
-            )
-        elif params.stop:
+        self._check_params(params)
+        if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this model has none")
-        return seq, detok
+        seed = params.seed if params.seed is not None else random.getrandbits(32)
+        ban = (() if params.ignore_eos else tuple(sorted(self.core.eos_ids))) + params.stop_token_ids
+        arrival = time.monotonic()
+        seqs = [
+            Sequence(
+                request_id=request_id,
+                tokens=list(ids),
+                num_prompt=len(ids),
+                params=params,
+                seed=_fold32(mix_seed(seed, index)),
+                arrival=arrival,
+                max_len=self.max_model_len,
+                index=index,
+                min_tokens_ban=ban if params.min_tokens else (),
+            )
+            for index in range(params.n)
+        ]
+        seqs[0].forks = seqs[1:]
+        detoks = [
+            IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output)
+            if self.tokenizer is not None
+            else None
+            for _ in seqs
+        ]
+        return seqs, detoks
+
+    def _check_params(self, params: SamplingParams) -> None:
+        """What only the loaded model and this engine's sizes can tell."""
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"logit_bias: token ids out of range [0, {vocab}): {bad[:5]}")
+        if params.n > self.config.max_num_seqs:
+            raise InvalidRequestError(f"n is at most {self.config.max_num_seqs} on this replica")
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -236,6 +259,11 @@ class Engine:
 
     def profile_summary(self) -> dict:
         return self.core.profiler.summary() if self.core else {}
+
+
+def _fold32(seed: int) -> int:
+    """A 64-bit seed folded into the 32 bits the sampler's hash takes."""
+    return (seed ^ (seed >> 32)) & 0xFFFFFFFF
 
 
 def _pick_device(name: str) -> torch.device:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from replica.block_manager import BlockManager
 from replica.detokenizer import IncrementalDetokenizer
 from replica.errors import RequestFailedError
-from replica.model_runner import ModelRunner, StepHandle
-from replica.outputs import EngineStats, RequestMetrics, RequestOutput
+from replica.model_runner import ModelRunner, StepHandle, StepResult
+from replica.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from replica.profiler import StepProfiler, StepRecord
 from replica.scheduler import Scheduler, StepPlan
 from replica.sequence import Sequence
@@ -29,8 +29,10 @@ Deliver = Callable[[list[tuple[Sequence, object]]], None]
 
 @dataclass
 class _Add:
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer | None
+    """A request: one sequence per sample (the first one is scheduled; the rest fork from it)."""
+
+    seqs: list[Sequence]
+    detokenizers: list[IncrementalDetokenizer | None]
     metrics: RequestMetrics
 
 
@@ -57,7 +59,8 @@ class EngineCore:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.deliver: Deliver = lambda batch: None
         self.stats = EngineStats(mode=mode)
-        self._seqs: dict[str, tuple[Sequence, IncrementalDetokenizer | None, RequestMetrics]] = {}
+        self._seqs: dict[tuple[str, int], tuple[Sequence, IncrementalDetokenizer | None, RequestMetrics]] = {}
+        self._requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples
         self._outbox: list[tuple[Sequence, object]] = []
         self._stopping = False
         self._held = False
@@ -104,7 +107,7 @@ class EngineCore:
         if plan is None:
             return None
         for item in plan.items:
-            _, _, metrics = self._seqs[item.seq.request_id]
+            _, _, metrics = self._seqs[item.seq.key]
             if metrics.first_scheduled is None:
                 metrics.first_scheduled = time.monotonic()
         try:
@@ -116,68 +119,76 @@ class EngineCore:
     def _complete(self, handle: StepHandle) -> None:
         t0 = time.perf_counter()
         try:
-            sampled = self.runner.wait(handle)
+            result = self.runner.wait(handle)
         except Exception as exc:
             self._fail_plan(handle.plan, exc)
             return
         t1 = time.perf_counter()
-        for item, token in zip(handle.plan.sampling_items, sampled.tolist(), strict=True):
-            seq = item.seq
+        for scores in result.prompt_scores:
+            _add_prompt_logprobs(scores)
+        for row, (seq, token) in enumerate(zip(handle.plan.sample_seqs, result.tokens.tolist(), strict=True)):
             seq.num_pending -= 1
             if not seq.finished:  # else: the extra token of a sequence that stopped a step ago
-                self._accept_token(seq, token)
+                self._accept_token(seq, token, _logprob(result, row, seq))
         t2 = time.perf_counter()
         self._record(handle, wait_ms=(t1 - t0) * 1000.0, post_ms=(t2 - t1) * 1000.0)
 
     # ---- tokens, stops and outputs ------------------------------------------------------------------
-    def _accept_token(self, seq: Sequence, token: int) -> None:
+    def _accept_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
+        _, detok, metrics = self._seqs[seq.key]
+        if seq.params.max_tokens == 0:  # prompt scoring only: the drawn token is not an output
+            self._emit(seq, [], "length")
+            return
         seq.tokens.append(token)
-        _, detok, metrics = self._seqs[seq.request_id]
         if metrics.first_token is None:
             metrics.first_token = time.monotonic()
+        armed = seq.num_output >= seq.params.min_tokens  # no stop before min_tokens (as vLLM)
         reason = None
         if detok is not None:
-            detok.add(token)
+            detok.add(token, check_stops=armed)
             if detok.stopped:
                 reason = "stop"
-        if (token in self.eos_ids and not seq.params.ignore_eos) or token in seq.params.stop_token_ids:
+        eos = token in self.eos_ids and not seq.params.ignore_eos
+        if armed and (eos or token in seq.params.stop_token_ids):
             reason = "stop"
         elif reason is None and (seq.num_output >= seq.params.max_tokens or len(seq.tokens) >= seq.max_len):
             reason = "length"
-        self._emit(seq, [token], reason)
+        self._emit(seq, [token], reason, [logprob] if logprob is not None else None)
 
-    def _emit(self, seq: Sequence, token_ids: list[int], reason: str | None) -> None:
-        _, detok, metrics = self._seqs[seq.request_id]
+    def _emit(
+        self, seq: Sequence, token_ids: list[int], reason: str | None, logprobs: list | None = None
+    ) -> None:
+        _, detok, metrics = self._seqs[seq.key]
         if reason is not None:
-            self.scheduler.finish(seq, reason)
+            self._end(seq, reason)
             metrics.finished = time.monotonic()
             metrics.num_preemptions = seq.num_preemptions
-            del self._seqs[seq.request_id]
-            self._finished_count += 1
         text = detok.take(final=reason is not None) if detok is not None else ""
         out = RequestOutput(
-            seq.request_id,
-            token_ids,
-            text,
-            reason,
-            seq.num_prompt,
-            seq.num_output,
-            metrics if reason is not None else None,
-        )
+            seq.request_id, token_ids, text, reason, seq.num_prompt, seq.num_output,
+            metrics if reason is not None else None, seq.index, logprobs, _take_prompt_logprobs(seq),
+        )  # fmt: skip
         self._outbox.append((seq, out))
+
+    def _end(self, seq: Sequence, reason: str) -> None:
+        """Take a finished sample out of the scheduler and the registries."""
+        self.scheduler.finish(seq, reason)
+        del self._seqs[seq.key]
+        samples = self._requests[seq.request_id]
+        samples.remove(seq)
+        if not samples:
+            del self._requests[seq.request_id]
+        self._finished_count += 1
 
     def _fail_plan(self, plan: StepPlan, exc: Exception) -> None:
         log.exception("step %d failed; ending its %d requests", plan.step_id, len(plan.items), exc_info=exc)
         self.runner.reset_carry()
-        for item in plan.items:
-            seq = item.seq
-            if seq.finished:
-                continue
-            self.scheduler.finish(seq, "error")
-            self._seqs.pop(seq.request_id, None)
-            self._finished_count += 1
-            error = RequestFailedError(f"request {seq.request_id} failed in step {plan.step_id}: {exc!r}")
-            self._outbox.append((seq, error))
+        request_ids = {item.seq.request_id for item in plan.items} | {s.request_id for s in plan.sample_seqs}
+        for request_id in request_ids:
+            for seq in list(self._requests.get(request_id, ())):
+                self._end(seq, "error")
+                error = RequestFailedError(f"request {request_id} failed in step {plan.step_id}: {exc!r}")
+                self._outbox.append((seq, error))
 
     def _flush(self) -> None:
         self._update_stats()
@@ -203,14 +214,15 @@ class EngineCore:
         if msg is None:
             self._stopping = True
         elif isinstance(msg, _Add):
-            self._seqs[msg.seq.request_id] = (msg.seq, msg.detokenizer, msg.metrics)
-            self.scheduler.add(msg.seq)
+            for seq, detok in zip(msg.seqs, msg.detokenizers, strict=True):
+                self._seqs[seq.key] = (seq, detok, msg.metrics)
+            self._requests[msg.seqs[0].request_id] = list(msg.seqs)
+            self.scheduler.add(msg.seqs[0])
         elif isinstance(msg, _Hold):
             self._held = msg.on
         elif isinstance(msg, _Abort):
-            entry = self._seqs.get(msg.request_id)
-            if entry is not None:
-                self._emit(entry[0], [], "abort")
+            for seq in list(self._requests.get(msg.request_id, ())):
+                self._emit(seq, [], "abort")
 
     def _shutdown(self) -> None:
         for seq, _, _ in list(self._seqs.values()):
@@ -227,7 +239,7 @@ class EngineCore:
             batch_size=len(plan.items),
             num_tokens=plan.num_tokens,
             num_prefill_tokens=prefill_tokens,
-            num_sampled=len(plan.sampling_items),
+            num_sampled=len(plan.sample_seqs),
             context_tokens=sum(item.start + item.num_new for item in plan.items),
             postprocess_ms=post_ms,
             wait_ms=wait_ms,
@@ -250,3 +262,36 @@ class EngineCore:
             output_tokens_per_s=self.profiler.output_tokens_per_s(),
             mode=self.mode,
         )
+
+
+def _logprob(result: StepResult, row: int, seq: Sequence) -> TokenLogprob | None:
+    """The drawn token's logprob and the top ones the request asked for (logprob steps only)."""
+    k = seq.params.logprobs
+    if k is None or result.logprob is None:
+        return None
+    ids, values = result.top_ids[row, :k].tolist(), result.top_logprobs[row, :k].tolist()
+    token = int(result.tokens[row])
+    return TokenLogprob(token, float(result.logprob[row]), tuple(zip(ids, values, strict=True)))
+
+
+def _add_prompt_logprobs(scores) -> None:
+    """Append a chunk's prompt logprobs to its sequence (positions past the prompt are dropped)."""
+    seq = scores.chunk.seq
+    k = seq.params.prompt_logprobs
+    wanted = seq.num_prompt - 1 - len(seq.prompt_logprobs)
+    count = min(scores.chunk.count, wanted)
+    targets = seq.tokens[len(seq.prompt_logprobs) + 1 : len(seq.prompt_logprobs) + 1 + count]
+    logprob = scores.logprob[:count].tolist()
+    ids, values = scores.top_ids[:count, :k].tolist(), scores.top_logprobs[:count, :k].tolist()
+    for i, token in enumerate(targets):
+        seq.prompt_logprobs.append(
+            TokenLogprob(token, logprob[i], tuple(zip(ids[i], values[i], strict=True)))
+        )
+
+
+def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprob | None] | None:
+    """The prompt's logprobs, once (with the sample's first delivery), None for the first token."""
+    if seq.params.prompt_logprobs is None or seq.index != 0 or seq.prompt_logprobs_sent:
+        return None
+    seq.prompt_logprobs_sent = True
+    return [None, *seq.prompt_logprobs]

@@ -21,28 +21,34 @@ from replica.io_buffers import StepBuffers
 from replica.sampling_params import SamplingParams
 from replica.scheduler import Scheduler, StepPlan
 from replica.sequence import Sequence
-from replica.step_inputs import fill_step
+from replica.step_inputs import FillContext, fill_step
 
 
-def measure(num_seqs: int, prompt_len: int, steps: int = 500, block_size: int = 16) -> dict:
-    """p50/p99 of schedule, fill and their sum over `steps` decode steps at `num_seqs` sequences."""
+def measure(
+    num_seqs: int, prompt_len: int, steps: int = 500, block_size: int = 16, temperature: float = 0.0
+) -> dict:
+    """p50/p99 of schedule, fill and their sum over `steps` decode steps at `num_seqs` sequences
+    (greedy, or sampled with top-p 0.9 at `temperature` > 0)."""
     max_len = prompt_len + steps + 64
     width = -(-max_len // block_size)
     blocks = BlockManager(num_seqs * width + 1, block_size)
     scheduler = Scheduler(blocks, num_seqs, max(4096, num_seqs), width)
-    params = SamplingParams(max_tokens=steps + 16, temperature=0.0, ignore_eos=True)
+    top_p = 0.9 if temperature > 0 else 1.0
+    params = SamplingParams(max_tokens=steps + 16, temperature=temperature, top_p=top_p, ignore_eos=True)
     for i in range(num_seqs):
         prompt = list(range(100, 100 + prompt_len))
         scheduler.add(Sequence(str(i), prompt, prompt_len, params, i, 0.0, max_len))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    buffers = [StepBuffers(device, max(4096, num_seqs), num_seqs, width) for _ in (0, 1)]
-    _run_prefill(scheduler, buffers[0], block_size)
+    buffers = [StepBuffers(device, max(4096, num_seqs), num_seqs, width, 4096) for _ in (0, 1)]
+    vocab = 128256
+    ctx = FillContext(block_size, vocab, (num_seqs * vocab + np.arange(max(4096, num_seqs))).astype(np.int64))
+    _run_prefill(scheduler, buffers[0], ctx)
     schedule_ms, fill_ms, previous = [], [], None
     for k in range(steps):
         t0 = time.perf_counter()
         plan = scheduler.schedule()
         t1 = time.perf_counter()
-        fill_step(plan, buffers[k % 2], block_size)
+        fill_step(plan, buffers[k % 2], ctx)
         t2 = time.perf_counter()
         if previous is not None:
             _read_back(previous)
@@ -53,6 +59,7 @@ def measure(num_seqs: int, prompt_len: int, steps: int = 500, block_size: int = 
     return {
         "mode": "prepare",
         "num_seqs": num_seqs,
+        "temperature": temperature,
         "steps": steps,
         "schedule_ms": _stats(schedule_ms),
         "fill_ms": _stats(fill_ms),
@@ -60,21 +67,20 @@ def measure(num_seqs: int, prompt_len: int, steps: int = 500, block_size: int = 
     }
 
 
-def _run_prefill(scheduler: Scheduler, buffers: StepBuffers, block_size: int) -> None:
+def _run_prefill(scheduler: Scheduler, buffers: StepBuffers, ctx: FillContext) -> None:
     """Schedule the prompts until every sequence is decoding."""
     while True:
         plan = scheduler.schedule()
-        fill_step(plan, buffers, block_size)
+        fill_step(plan, buffers, ctx)
         _read_back(plan)
         if plan.num_tokens == len(plan.items) and not scheduler.waiting:
             return
 
 
 def _read_back(plan: StepPlan) -> None:
-    for item in plan.items:
-        if item.samples:
-            item.seq.num_pending -= 1
-            item.seq.tokens.append(7)
+    for seq in plan.sample_seqs:
+        seq.num_pending -= 1
+        seq.tokens.append(7)
 
 
 def _stats(values: list[float]) -> dict:

@@ -16,25 +16,46 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# name -> (rows: "tokens" | "seqs" | "chunk_bounds" (seqs + 1) | "one", columns: None | "table", dtype);
-# the order is the memory order.
+from replica.sampling_params import MAX_LOGPROBS
+
+# name -> (rows: "tokens" | "seqs" | "chunk_bounds" (seqs + 1) | "one" | "bias", columns: None | "table",
+# dtype); the order is the memory order. Everything before the decode tables travels in every step's
+# first copy; the bias entries (after the prefill tables) only in steps that have some.
 FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "input_ids": ("tokens", None, torch.int64),
     "prev_rows": ("tokens", None, torch.int64),
     "positions": ("tokens", None, torch.int64),
     "slot_mapping": ("tokens", None, torch.int64),
+    # Penalty bookkeeping of prompt chunks (flat indices into the penalty state; see penalty_state.py)
+    # and the next prompt token of each position (prompt logprobs).
+    "mark_index": ("tokens", None, torch.int64),
+    "count_index": ("tokens", None, torch.int64),
+    "target_ids": ("tokens", None, torch.int64),
     "decode_lens": ("seqs", None, torch.int64),
     "sample_rows": ("seqs", None, torch.int64),
     "temperature": ("seqs", None, torch.float32),
     "top_k": ("seqs", None, torch.int64),
     "top_p": ("seqs", None, torch.float32),
+    "min_p": ("seqs", None, torch.float32),
     "seed": ("seqs", None, torch.int64),
     "out_position": ("seqs", None, torch.int64),
+    "penalty_slot": ("seqs", None, torch.int64),  # -1: the row has no penalties
+    "repetition_penalty": ("seqs", None, torch.float32),
+    "frequency_penalty": ("seqs", None, torch.float32),
+    "presence_penalty": ("seqs", None, torch.float32),
+    "reset_slots": ("seqs", None, torch.int64),  # penalty rows to clear before the step
+    "copy_src": ("seqs", None, torch.int64),  # KV blocks copied after the step (n > 1 forks)
+    "copy_dst": ("seqs", None, torch.int64),
+    "row_copy_src": ("seqs", None, torch.int64),  # penalty rows copied after the step (forks)
+    "row_copy_dst": ("seqs", None, torch.int64),
     "prefill_cu_q": ("chunk_bounds", None, torch.int32),  # flash varlen offsets: chunk i's queries
     "prefill_cu_k": ("chunk_bounds", None, torch.int32),  # start at cu_q[i], its keys at cu_k[i]
     "num_decode": ("one", None, torch.int32),  # the step's decode rows (mixed CUDA graphs read it)
+    "num_bias": ("one", None, torch.int32),  # bias entries used this step (graphs mask the rest)
     "decode_tables": ("seqs", "table", torch.int64),
     "prefill_tables": ("seqs", "table", torch.int64),
+    "bias_index": ("bias", None, torch.int64),  # flat index (sample row * vocab + token id)
+    "bias_value": ("bias", None, torch.float32),
 }
 _ALIGN = 256  # bytes; keeps every field's start aligned for vectorised device loads
 
@@ -64,11 +85,14 @@ def _views(flat: torch.Tensor, offsets: dict[str, tuple[int, tuple[int, ...]]]) 
 class StepBuffers:
     """One set of IO buffers sized for the largest step."""
 
-    def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, table_width: int) -> None:
+    def __init__(
+        self, device: torch.device, max_tokens: int, max_seqs: int, table_width: int, bias_entries: int = 1
+    ) -> None:
         self.device = device
         self.on_cuda = device.type == "cuda"
         self.table_width = table_width
         rows = {"tokens": max_tokens, "seqs": max_seqs, "chunk_bounds": max_seqs + 1, "one": 1}
+        rows["bias"] = bias_entries
         sizes = {**rows, "table": table_width}
         offsets, total = _layout(sizes)
         self._flat_host = torch.zeros(total, dtype=torch.uint8, pin_memory=self.on_cuda)
@@ -79,11 +103,19 @@ class StepBuffers:
         self.dev: dict[str, torch.Tensor] = _views(self._flat_dev, offsets)
         self._decode_tables_at = offsets["decode_tables"][0]
         self._prefill_tables_at = offsets["prefill_tables"][0]
+        self._bias_at = offsets["bias_index"][0], offsets["bias_value"][0]
         self.np: dict[str, np.ndarray] = {name: t.numpy() for name, t in self.host.items()}
-        self.samples_dev = torch.zeros(max_seqs, dtype=torch.int64, device=device)
-        self.samples_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=self.on_cuda)
+        self.out = SampleOutputs(device, max_seqs)
 
-    def copy_to_device(self, decode_rows: int, prefill_rows: int) -> None:
+    @property
+    def samples_dev(self) -> torch.Tensor:
+        return self.out.dev["tokens"]
+
+    @property
+    def samples_host(self) -> torch.Tensor:
+        return self.out.host["tokens"]
+
+    def copy_to_device(self, decode_rows: int, prefill_rows: int, bias_entries: int = 0) -> None:
         """Enqueue the step's inputs on the current stream (non-blocking from pinned memory).
 
         One copy takes every per-token and per-sequence field whole (a few hundred KB at most) plus
@@ -98,6 +130,41 @@ class StepBuffers:
             start = self._prefill_tables_at
             span = slice(start, start + prefill_rows * row_bytes)
             self._flat_dev[span].copy_(self._flat_host[span], non_blocking=True)
+        for at, size in zip(self._bias_at, (8, 4), strict=True):
+            if bias_entries:
+                span = slice(at, at + bias_entries * size)
+                self._flat_dev[span].copy_(self._flat_host[span], non_blocking=True)
 
-    def copy_samples_to_host(self, count: int) -> None:
-        self.samples_host[:count].copy_(self.samples_dev[:count], non_blocking=self.on_cuda)
+    def copy_samples_to_host(self, count: int, logprobs: bool = False) -> None:
+        self.out.to_host(count, logprobs)
+
+
+class SampleOutputs:
+    """What a step hands back: the sampled ids and, in logprob steps, the chosen token's logprob and
+    the top MAX_LOGPROBS ids and logprobs of each row. Device buffers and pinned host twins."""
+
+    def __init__(self, device: torch.device, max_seqs: int) -> None:
+        self.on_cuda = device.type == "cuda"
+        shapes = {
+            "tokens": ((max_seqs,), torch.int64),
+            "logprob": ((max_seqs,), torch.float32),
+            "top_ids": ((max_seqs, MAX_LOGPROBS), torch.int64),
+            "top_logprobs": ((max_seqs, MAX_LOGPROBS), torch.float32),
+        }
+        self.dev = {name: torch.zeros(shape, dtype=dt, device=device) for name, (shape, dt) in shapes.items()}
+        self.host = {
+            name: torch.zeros(shape, dtype=dt, pin_memory=self.on_cuda)
+            for name, (shape, dt) in shapes.items()
+        }
+
+    def to_host(self, count: int, logprobs: bool) -> None:
+        names = ("tokens", "logprob", "top_ids", "top_logprobs") if logprobs else ("tokens",)
+        for name in names:
+            self.host[name][:count].copy_(self.dev[name][:count], non_blocking=self.on_cuda)
+
+    def read(self, count: int, logprobs: bool) -> tuple[np.ndarray, ...]:
+        """The host copies (call after the step's D2H event): ids, then logprob arrays if asked."""
+        tokens = self.host["tokens"].numpy()[:count]
+        if not logprobs:
+            return (tokens,)
+        return tokens, *(self.host[n].numpy()[:count] for n in ("logprob", "top_ids", "top_logprobs"))

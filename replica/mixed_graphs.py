@@ -12,11 +12,12 @@ ladder (16, 32, ... up to the step budget) and every per-step fact lives in the 
 - one flash varlen call covers every chunk at `max_chunks` packed offsets, shifted past the decode
   rows on the device; unused chunk slots repeat the last offset (zero-length sequences);
 - a per-row select keeps the decode kernel's output for rows below `num_decode`, flash's after;
-- `rows` sample rows are drawn greedily; the host reads only the step's own.
+- `rows` sample rows are drawn (padded ones greedily, without penalties); the host reads only the
+  step's own; padded tokens' penalty bookkeeping writes the penalty state's pad row.
 
 Chunks that continue a sequence read earlier keys from the cache through a gather whose size
-depends on the step, and sampled (temperature > 0) steps draw per-request randomness: those steps
-stay eager. Each (IO set, ladder rung) has its own graph; they share one memory pool.
+depends on the step: those steps stay eager, as do steps that score prompt tokens or ask for
+logprobs. Each (step kind, IO set, ladder rung) has its own graph; they share one memory pool.
 """
 
 from __future__ import annotations
@@ -43,26 +44,37 @@ def graph_rows(tokens: int, max_seqs: int) -> int:
     return min(tokens, max_seqs)
 
 
-def eligible(prefills: list[tuple[int, int, int, int]], all_greedy: bool) -> bool:
-    """A step a mixed graph can run: greedy, with at most MAX_CHUNKS chunks, each starting its sequence."""
-    if not prefills or not all_greedy or len(prefills) > MAX_CHUNKS:
+def eligible(prefills: list[tuple[int, int, int, int]]) -> bool:
+    """A step a mixed graph can run: at most MAX_CHUNKS chunks, each starting its sequence."""
+    if not prefills or len(prefills) > MAX_CHUNKS:
         return False
     return all(q_len == ctx for _, q_len, ctx, _ in prefills)
 
 
-def pad_inputs(arrays: dict[str, np.ndarray], layout, tokens: int, rows: int) -> None:
+def pad_inputs(arrays: dict[str, np.ndarray], layout, tokens: int, rows: int, pad_marks: np.ndarray) -> None:
     """Fill the padded part of a step's host buffers (after `fill_step` wrote the step's own)."""
     t, nd, s, n = layout.num_tokens, layout.num_decode, layout.num_samples, len(layout.prefills)
     pad = slice(t, tokens)
     for name in ("input_ids", "positions", "slot_mapping"):
         arrays[name][pad] = 0
     arrays["prev_rows"][pad] = -1
+    arrays["mark_index"][pad] = arrays["count_index"][pad] = pad_marks[t:tokens]
     arrays["decode_tables"][nd:rows, 0] = 0  # a padded decode row reads block 0 only
     arrays["decode_lens"][nd:rows] = 1
     arrays["sample_rows"][s:rows] = 0
+    pad_samples(arrays, s, rows)
     for name in ("prefill_cu_q", "prefill_cu_k"):
         arrays[name][n + 1 : MAX_CHUNKS + 1] = arrays[name][n]
     arrays["num_decode"][0] = nd
+
+
+def pad_samples(arrays: dict[str, np.ndarray], used: int, rows: int) -> None:
+    """Padded sample rows draw greedily and keep no penalty counts (a stale slot would count into a
+    live sequence's row)."""
+    pad = slice(used, rows)
+    arrays["temperature"][pad] = 0.0
+    arrays["top_k"][pad] = 0
+    arrays["penalty_slot"][pad] = -1
 
 
 def metadata(

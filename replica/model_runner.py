@@ -6,14 +6,19 @@ device overlap. A token that step N samples reaches step N+1 on the device: its 
 the source row in N's samples (`prev_rows`) and a gather fills it in before the forward.
 
 Streams: H2D copies run on the H2D stream; the compute stream waits for the H2D event, runs the
-forward and sampler (a CUDA graph for pure greedy decodes) and records compute_done; the D2H
-stream waits for that and copies the samples to pinned memory. The host waits only on D2H events.
+forward and sampler (a CUDA graph for decode steps and for mixed steps of new prompts) and records
+compute_done; the D2H stream waits for that and copies the samples to pinned memory. The host
+waits only on D2H events.
+
+Every step is one of three kinds (replica/step_sampler.py): "greedy", "sample" and "logprobs";
+each kind has its own graphs, so sampled traffic replays graphs as greedy traffic does.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -23,11 +28,16 @@ from replica.attention import AttentionMetadata, DecodeKernelShape, PrefillChunk
 from replica.cuda_graphs import DecodeGraphs
 from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
-from replica.sampler import SamplingTensors, sample
+from replica.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS
 from replica.scheduler import StepPlan
-from replica.step_inputs import StepLayout, fill_step
+from replica.step_inputs import FillContext, StepLayout, fill_step
+from replica.step_sampler import GRAPH_BIAS_ENTRIES, PromptScores, StepSampler
 from replica.streams import StepStreams
 from replica.varlen_prefill import flash_varlen_available
+
+KINDS = ("greedy", "sample", "logprobs")
+MIXED_KINDS = ("greedy", "sample")  # a mixed step with logprobs runs eagerly
+MAX_BAN_IDS = MAX_STOP_TOKEN_IDS + 16  # stop ids plus the model's EOS ids
 
 
 @dataclass
@@ -39,6 +49,8 @@ class StepHandle:
     graphed: bool
     events: dict  # start, h2d_done, compute_start, compute_done, d2h_done
     prev_compute_done: object | None  # the previous step's compute_done: the gap since is device idle
+    kind: str = "greedy"
+    prompt_scores: list[PromptScores] = field(default_factory=list)  # host copies after D2H
     launch_ms: float = 0.0  # host time to enqueue the step's copies, forward and sampling
     idle_ms: float = 0.0  # host time the loop waited for work before launching this step
     schedule_ms: float = 0.0  # host time the scheduler took to plan this step
@@ -56,6 +68,17 @@ class StepHandle:
             "d2h_ms": ev["compute_done"].elapsed_time(ev["d2h_done"]),
             "gap_ms": gap,
         }
+
+
+@dataclass
+class StepResult:
+    """A step's outputs on the host: sampled ids, and logprob arrays in logprob steps."""
+
+    tokens: np.ndarray
+    logprob: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
+    prompt_scores: list[PromptScores] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -95,14 +118,17 @@ class ModelRunner:
         model.fused = device.type == "cuda" and fused_kernels
         model.k_slices = k_slices if model.fused and dtype in (torch.bfloat16, torch.float16) else 0
         model.triton_gemms = frozenset(triton_gemms) if model.k_slices >= 1 else frozenset()
-        self.buffers = [
-            StepBuffers(device, max(max_tokens, max_seqs), max_seqs, self.table_width) for _ in (0, 1)
-        ]
+        max_rows = max(max_tokens, max_seqs)
+        bias = max(GRAPH_BIAS_ENTRIES, max_seqs * (MAX_LOGIT_BIAS + MAX_BAN_IDS))
+        self.buffers = [StepBuffers(device, max_rows, max_seqs, self.table_width, bias) for _ in (0, 1)]
+        self.sampler = StepSampler(model, device, max_seqs)
+        pads = self.sampler.penalties.pad_row * cfg.vocab_size + np.arange(max_rows) % cfg.vocab_size
+        self.fill_context = FillContext(block_size, cfg.vocab_size, pads.astype(np.int64))
         self._step_count = 0
         self._prev_valid = False  # whether the other set's samples hold the previous step's tokens
         self._last_compute_done = None
-        self.graphs: DecodeGraphs | None = None
-        self.mixed_graphs: DecodeGraphs | None = None  # mixed steps, at a ladder of token counts
+        self.graphs: dict[str, DecodeGraphs] = {}
+        self.mixed_graphs: dict[str, DecodeGraphs] = {}  # mixed steps, at a ladder of token counts
         if device.type == "cuda":
             # cuDNN's attention builds and compiles a plan for every new sequence length (hundreds of
             # ms each time a prompt length is first seen); flash and memory-efficient kernels are
@@ -113,12 +139,29 @@ class ModelRunner:
             # could otherwise still hold a previous engine's bytes).
             torch.cuda.synchronize(device)
         if device.type == "cuda" and cuda_graphs:
-            self.graphs = DecodeGraphs(self._graph_step, max_seqs)
-            self.graphs.capture(self.streams.compute)
-        if device.type == "cuda" and cuda_graphs and mixed_graphs and self.prefill_backend == "flash":
+            self._capture(max_seqs, max_tokens, mixed_graphs and self.prefill_backend == "flash")
+
+    def _capture(self, max_seqs: int, max_tokens: int, with_mixed: bool) -> None:
+        for kind in KINDS:
+            self.graphs[kind] = DecodeGraphs(partial(self._graph_step, kind), max_seqs)
+            self.graphs[kind].capture(self.streams.compute)
+        if with_mixed:
             ladder = mixed.token_ladder(max_tokens)
-            self.mixed_graphs = DecodeGraphs(self._mixed_graph_step, max_tokens, ladder=ladder)
-            self.mixed_graphs.capture(self.streams.compute)
+            for kind in MIXED_KINDS:
+                self.mixed_graphs[kind] = DecodeGraphs(
+                    partial(self._mixed_graph_step, kind), max_tokens, ladder
+                )
+                self.mixed_graphs[kind].capture(self.streams.compute)
+        self.sampler.penalties.reset(torch.arange(max_seqs + 1, device=self.device))  # warm-up's writes
+        torch.cuda.synchronize(self.device)
+
+    @property
+    def graph_replays(self) -> int:
+        return sum(g.replays for g in self.graphs.values())
+
+    @property
+    def mixed_replays(self) -> int:
+        return sum(g.replays for g in self.mixed_graphs.values())
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -128,7 +171,8 @@ class ModelRunner:
 
     def close(self) -> None:
         """Drop the device memory this runner holds (KV cache, IO buffers, graphs)."""
-        self.kv_caches, self.buffers, self.graphs, self.mixed_graphs = [], [], None, None
+        self.kv_caches, self.buffers, self.graphs, self.mixed_graphs = [], [], {}, {}
+        self.sampler = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
@@ -142,75 +186,90 @@ class ModelRunner:
         t0 = time.perf_counter()
         set_index = self._step_count % 2
         buf = self.buffers[set_index]
-        layout = fill_step(plan, buf, self.block_size)
+        layout = fill_step(plan, buf, self.fill_context)
         if layout.has_placeholders and not self._prev_valid:
             raise RuntimeError("a carried token has no previous step to come from")
-        graph_size = self._graph_size(layout)
-        mixed_size = self._mixed_size(layout) if graph_size is None else None
+        kind = "greedy" if layout.plain_greedy else ("logprobs" if layout.logprobs else "sample")
+        graph_size = self._graph_size(layout, kind)
+        mixed_size = self._mixed_size(layout, kind) if graph_size is None else None
         decode_rows = layout.num_decode  # decode-table rows the step's device work reads
         if graph_size is not None:
-            self._pad_decode(buf, layout.num_decode, graph_size)
+            self._pad_decode(buf, layout, graph_size)
             decode_rows = graph_size
         elif mixed_size is not None:
             decode_rows = mixed.graph_rows(mixed_size, self.max_seqs)
-            mixed.pad_inputs(buf.np, layout, mixed_size, decode_rows)
+            mixed.pad_inputs(buf.np, layout, mixed_size, decode_rows, self.fill_context.pad_marks)
         prepare_ms = (time.perf_counter() - t0) * 1000.0
         names = ("start", "h2d_done", "compute_start", "compute_done", "d2h_done")
         events = {name: self.streams.event() for name in names}
         with self.streams.on("h2d"):
             events["start"].record()
-            buf.copy_to_device(decode_rows, len(layout.prefills))
+            buf.copy_to_device(decode_rows, len(layout.prefills), layout.num_bias)
             events["h2d_done"].record()
         self.streams.wait("compute", events["h2d_done"])
+        scores: list[PromptScores] = []
         with self.streams.on("compute"):
             events["compute_start"].record()
+            self.sampler.before(buf.dev, layout)
             if graph_size is not None:
-                self.graphs.replay(set_index, graph_size)
+                self.graphs[kind].replay(set_index, graph_size)
             elif mixed_size is not None:
-                self.mixed_graphs.replay(set_index, mixed_size)
+                self.mixed_graphs[kind].replay(set_index, mixed_size)
             else:
-                self._eager_step(set_index, layout)
+                scores = self._eager_step(set_index, layout, kind)
+            self.sampler.after(buf.dev, layout, self.kv_caches)
             events["compute_done"].record()
         self.streams.wait("d2h", events["compute_done"])
         with self.streams.on("d2h"):
-            buf.copy_samples_to_host(layout.num_samples)
+            buf.copy_samples_to_host(layout.num_samples, logprobs=kind == "logprobs")
+            scores = [_to_host(s, self.device) for s in scores]
             events["d2h_done"].record()
         self._step_count += 1
         self._prev_valid = True
         prev_done, self._last_compute_done = self._last_compute_done, events["compute_done"]
         graphed = graph_size is not None or mixed_size is not None
-        handle = StepHandle(plan, set_index, layout.num_samples, prepare_ms, graphed, events, prev_done)
+        handle = StepHandle(plan, set_index, layout.num_samples, prepare_ms, graphed, events, prev_done, kind)
+        handle.prompt_scores = scores
         # An eager step's kernels are enqueued one by one from Python: when this exceeds its device
         # time, the step is bound by the host (what CUDA graphs remove for decode steps).
         handle.launch_ms = (time.perf_counter() - t0) * 1000.0 - prepare_ms
         return handle
 
-    def wait(self, handle: StepHandle) -> np.ndarray:
-        """Block until the step's tokens are on the host; the engine's only planned wait."""
+    def wait(self, handle: StepHandle) -> StepResult:
+        """Block until the step's outputs are on the host; the engine's only planned wait."""
         handle.events["d2h_done"].synchronize()
-        return self.buffers[handle.set_index].samples_host.numpy()[: handle.num_samples]
+        out = self.buffers[handle.set_index].out
+        arrays = out.read(handle.num_samples, logprobs=handle.kind == "logprobs")
+        return StepResult(*arrays, prompt_scores=handle.prompt_scores)
 
     # ---- device work ---------------------------------------------------------------------------------
-    def _graph_size(self, layout: StepLayout) -> int | None:
+    def _graph_size(self, layout: StepLayout, kind: str) -> int | None:
         pure_decode = layout.num_decode == layout.num_tokens
-        if self.graphs is None or not pure_decode or not layout.all_greedy:
+        if kind not in self.graphs or not pure_decode or not self.sampler.graph_bias_ok(layout):
             return None
-        return self.graphs.padded_size(layout.num_decode)
+        return self.graphs[kind].padded_size(layout.num_decode)
 
-    def _mixed_size(self, layout: StepLayout) -> int | None:
-        if self.mixed_graphs is None or not mixed.eligible(layout.prefills, layout.all_greedy):
+    def _mixed_size(self, layout: StepLayout, kind: str) -> int | None:
+        if kind not in self.mixed_graphs or not mixed.eligible(layout.prefills):
             return None
-        return self.mixed_graphs.padded_size(layout.num_tokens)
+        if layout.prompt_logprobs or not self.sampler.graph_bias_ok(layout):
+            return None
+        size = self.mixed_graphs[kind].padded_size(layout.num_tokens)
+        if size is None or layout.num_samples > mixed.graph_rows(size, self.max_seqs):
+            return None
+        return size
 
-    def _pad_decode(self, buf: StepBuffers, used: int, size: int) -> None:
-        """Padded rows: token 0 at position 0 of the reserved block 0, sampling their own row."""
+    def _pad_decode(self, buf: StepBuffers, layout: StepLayout, size: int) -> None:
+        """Padded rows: token 0 at position 0 of the reserved block 0, sampling their own row greedily."""
         a = buf.np
+        used = layout.num_decode
         pad = slice(used, size)
         for name in ("input_ids", "positions", "slot_mapping", "decode_tables"):
             a[name][pad] = 0
         a["prev_rows"][pad] = -1
         a["decode_lens"][pad] = 1
         a["sample_rows"][:size] = np.arange(size)
+        mixed.pad_samples(a, layout.num_samples, size)
 
     def _carried_ids(self, set_index: int, count: int) -> torch.Tensor:
         dev = self.buffers[set_index].dev
@@ -218,8 +277,14 @@ class ModelRunner:
         prev = dev["prev_rows"][:count]
         return torch.where(prev >= 0, source[prev.clamp(min=0)], dev["input_ids"][:count])
 
-    def _graph_step(self, set_index: int, size: int) -> None:
-        """The captured body: a padded, all-greedy, pure-decode step."""
+    def _draw(self, kind: str, buf: StepBuffers, hidden: torch.Tensor, marks: int, num_bias: int | None):
+        if kind == "greedy":  # the same kernel in graphs and eager steps, so every step picks alike
+            buf.samples_dev[: hidden.shape[0]].copy_(self.model.greedy_tokens(hidden))
+        else:
+            self.sampler.draw(buf, hidden, marks, kind == "logprobs", num_bias)
+
+    def _graph_step(self, kind: str, set_index: int, size: int) -> None:
+        """The captured body of a padded pure-decode step."""
         buf = self.buffers[set_index]
         dev = buf.dev
         meta = AttentionMetadata(
@@ -228,10 +293,10 @@ class ModelRunner:
             prefills=[], decode_backend=self.decode_backend, decode_kernel=self.decode_kernel,
         )  # fmt: skip
         hidden = self.model(self._carried_ids(set_index, size), dev["positions"][:size], self.kv_caches, meta)
-        buf.samples_dev[:size].copy_(self.model.greedy_tokens(hidden))
+        self._draw(kind, buf, hidden, 0, None)
 
-    def _mixed_graph_step(self, set_index: int, tokens: int) -> None:
-        """The captured body of a mixed step padded to `tokens` (see mixed_graphs.py); all greedy."""
+    def _mixed_graph_step(self, kind: str, set_index: int, tokens: int) -> None:
+        """The captured body of a mixed step padded to `tokens` (see mixed_graphs.py)."""
         buf = self.buffers[set_index]
         dev = buf.dev
         rows = mixed.graph_rows(tokens, self.max_seqs)
@@ -239,9 +304,9 @@ class ModelRunner:
         hidden = self.model(
             self._carried_ids(set_index, tokens), dev["positions"][:tokens], self.kv_caches, meta
         )
-        buf.samples_dev[:rows].copy_(self.model.greedy_tokens(hidden[dev["sample_rows"][:rows]]))
+        self._draw(kind, buf, hidden[dev["sample_rows"][:rows]], tokens, None)
 
-    def _eager_step(self, set_index: int, layout: StepLayout) -> None:
+    def _eager_step(self, set_index: int, layout: StepLayout, kind: str) -> list[PromptScores]:
         buf = self.buffers[set_index]
         dev = buf.dev
         t, nd, s = layout.num_tokens, layout.num_decode, layout.num_samples
@@ -259,13 +324,17 @@ class ModelRunner:
         )  # fmt: skip
         input_ids = self._carried_ids(set_index, t) if layout.has_placeholders else dev["input_ids"][:t]
         hidden = self.model(input_ids, dev["positions"][:t], self.kv_caches, meta)
-        if layout.all_greedy:  # the same kernel as the graphs' steps, so every step picks alike
-            buf.samples_dev[:s].copy_(self.model.greedy_tokens(hidden[dev["sample_rows"][:s]]))
-            return
-        logits = self.model.compute_logits(hidden[dev["sample_rows"][:s]])
-        params = SamplingTensors(
-            temperature=dev["temperature"][:s], top_k=dev["top_k"][:s], top_p=dev["top_p"][:s],
-            seed=dev["seed"][:s], position=dev["out_position"][:s], all_greedy=layout.all_greedy,
-            any_top_k=layout.any_top_k, any_top_p=layout.any_top_p,
-        )  # fmt: skip
-        buf.samples_dev[:s].copy_(sample(logits, params))
+        marks = t if layout.marks else 0
+        self._draw(kind, buf, hidden[dev["sample_rows"][:s]], marks, layout.num_bias)
+        return self.sampler.score_prompts(hidden, dev, layout.prompt_logprobs)
+
+
+def _to_host(scores: PromptScores, device: torch.device) -> PromptScores:
+    """Enqueue a chunk's prompt logprobs into pinned host memory (on the current, D2H, stream)."""
+    if device.type != "cuda":
+        return scores
+    pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (scores.logprob, scores.top_ids)]
+    pinned.append(torch.empty(scores.top_logprobs.shape, dtype=torch.float32, pin_memory=True))
+    for dst, src in zip(pinned, (scores.logprob, scores.top_ids, scores.top_logprobs), strict=True):
+        dst.copy_(src, non_blocking=True)
+    return PromptScores(scores.chunk, *pinned)

@@ -14,17 +14,33 @@ class RequestMetrics:
     num_preemptions: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A token's logprob under the model, and the most likely tokens at its position (best first)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class RequestOutput:
-    """One delivery for a request: the tokens (and text) new since the previous one."""
+    """One delivery for one of a request's samples: the tokens (and text) new since the previous one.
+
+    A request with n samples delivers each sample's outputs under its `index`; each sample ends with
+    its own finish reason, and the request ends when all have.
+    """
 
     request_id: str
     token_ids: list[int]
     text: str
     finish_reason: str | None  # None until the end, then "stop" | "length" | "abort"
     num_prompt_tokens: int
-    num_output_tokens: int  # all output tokens so far
-    metrics: RequestMetrics | None = None  # set on the final delivery
+    num_output_tokens: int  # this sample's output tokens so far
+    metrics: RequestMetrics | None = None  # set on the sample's final delivery
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per token in token_ids, when asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # once, with the first delivery; [0] is None
 
     @property
     def finished(self) -> bool:

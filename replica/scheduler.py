@@ -8,6 +8,11 @@ a prompt (those run eagerly; see mixed_graphs.py).
 Prefill and decode share one step. When the cache runs out, the most recently arrived running
 sequence is preempted: its blocks are freed and it is recomputed later from its tokens.
 
+A request with n > 1 samples enters as its parent sequence; it is admitted only when the scheduler
+has rows for every sample (they stay reserved), and the step that finishes its prompt forks the
+others: each takes the prompt's full blocks (shared, reference-counted) and a copy of its last,
+partial block (copied on the device after that step), and draws its first token from the same row.
+
 Each running sequence owns one row of `block_rows`, a preallocated (max_num_seqs × table width)
 array that mirrors its block table; the input builder gathers a step's tables from it in one
 indexing operation instead of stacking hundreds of per-sequence arrays.
@@ -16,7 +21,7 @@ indexing operation instead of stacking hundreds of per-sequence arrays.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,16 +39,26 @@ class ScheduledSeq:
 
 
 @dataclass
+class Fork:
+    """A sample that starts in this step from its parent's prompt."""
+
+    parent: Sequence
+    child: Sequence
+    copy: tuple[int, int] | None  # (parent's partial last block, the child's copy of it)
+
+
+@dataclass
 class StepPlan:
     step_id: int
     items: list[ScheduledSeq]  # single-token items first, then multi-token chunks
     num_decode: int
     num_tokens: int
     block_rows: np.ndarray  # the scheduler's table rows; item.seq.row indexes it
-
-    @property
-    def sampling_items(self) -> list[ScheduledSeq]:
-        return [item for item in self.items if item.samples]
+    forks: list[Fork] = field(default_factory=list)
+    # Who draws each sample row, in row order: an item's sequence, then the samples it forks; and
+    # the index of the item whose last token row each one draws from.
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    sample_items: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -65,6 +80,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._next_step = 0
+        self._reserved_rows = 0  # rows held for the forks of admitted parents
+        self._forks: list[Fork] = []  # made while planning the current step
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -86,7 +103,7 @@ class Scheduler:
             if total == computed or total >= seq.token_limit or seq.status is not running:
                 continue
             num_new = total - computed if total - computed < budget else budget
-            needs_blocks = computed + num_new > len(seq.block_table) * room
+            needs_blocks = computed + num_new > len(seq.block_table) * room or seq.forks
             if needs_blocks and not self._make_room(seq, computed + num_new):
                 continue
             items.append(self._claim(seq, num_new))
@@ -94,8 +111,10 @@ class Scheduler:
         # The whole-prompt rule is asked only when something waits: a steady decode step pays nothing.
         rule = self.keep_prompts_whole and bool(self.waiting)
         has_chunk = rule and any(item.num_new > 1 for item in items)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if len(self.running) + self._reserved_rows + 1 + len(seq.forks) > self.max_num_seqs:
+                break
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
                 break
             remaining = seq.uncomputed()
@@ -105,22 +124,29 @@ class Scheduler:
                 # The next step takes it first: only decodes and over-budget prompts go before it.
                 break
             num_new = min(remaining, budget)
-            if not self.blocks.can_allocate(
-                self.blocks.blocks_needed(seq.block_table, seq.num_computed + num_new)
-            ):
+            if not self.blocks.can_allocate(self._blocks_for(seq, num_new)):
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            self._reserved_rows += len(seq.forks)
             self._take_row(seq)
             items.append(self._claim(seq, num_new))
             budget -= num_new
             has_chunk = has_chunk or (rule and num_new > 1)
         return self._plan(items) if items else None
 
+    def _blocks_for(self, seq: Sequence, num_new: int) -> int:
+        """Blocks a claim of `num_new` tokens takes, with its forks' partial blocks if it ends the prompt."""
+        needed = self.blocks.blocks_needed(seq.block_table, seq.num_computed + num_new)
+        ends_prompt = seq.num_computed + num_new == seq.num_prompt
+        if seq.forks and ends_prompt and seq.num_prompt % self.blocks.block_size:
+            needed += len(seq.forks)
+        return needed
+
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
         """Free blocks for `seq` by preempting the latest arrivals; False if `seq` itself was preempted."""
-        while not self.blocks.can_allocate(self.blocks.blocks_needed(seq.block_table, num_tokens)):
+        while not self.blocks.can_allocate(self._blocks_for(seq, num_tokens - seq.num_computed)):
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
@@ -136,26 +162,59 @@ class Scheduler:
         samples = start + num_new == len(seq.tokens) + seq.num_pending
         prev_row = seq.pending_row if seq.num_pending else -1
         seq.num_computed += num_new
-        return ScheduledSeq(seq, start, num_new, samples, prev_row)
+        item = ScheduledSeq(seq, start, num_new, samples, prev_row)
+        if samples and seq.forks:
+            self._fork(seq)
+        return item
+
+    def _fork(self, parent: Sequence) -> None:
+        """Start the parent's waiting samples on its prompt's blocks; they draw in this step."""
+        full = parent.num_prompt // self.blocks.block_size
+        for child in parent.forks:
+            self._reserved_rows -= 1
+            if child.finished:  # aborted before its prompt was done
+                continue
+            child.block_table = self.blocks.share(parent.block_table[:full])
+            copy = None
+            if full < len(parent.block_table):
+                self.blocks.allocate(child.block_table, parent.num_prompt)
+                copy = (parent.block_table[full], child.block_table[full])
+            child.num_computed = parent.num_prompt
+            child.status = SeqStatus.RUNNING
+            self.running.append(child)
+            self._take_row(child)
+            self._forks.append(Fork(parent, child, copy))
+        parent.forks = []
 
     def _plan(self, items: list[ScheduledSeq]) -> StepPlan:
         num_tokens = sum(item.num_new for item in items)
         if num_tokens != len(items):  # some chunks: stable sort puts decodes first, then chunks
             items.sort(key=lambda item: item.num_new > 1)
         num_decode = sum(1 for item in items if item.num_new == 1)
-        plan = StepPlan(self._next_step, items, num_decode, num_tokens, self.block_rows)
+        # A fork preempted in the step that made it would copy into a block it no longer owns.
+        forks = [f for f in self._forks if f.child.status is SeqStatus.RUNNING]
+        self._forks = []
+        plan = StepPlan(self._next_step, items, num_decode, num_tokens, self.block_rows, forks)
         self._next_step += 1
+        children: dict[int, list[Sequence]] = {}
+        for fork in forks:
+            children.setdefault(id(fork.parent), []).append(fork.child)
         row = 0
-        for item in items:
-            if item.samples:
-                item.seq.num_pending += 1
-                item.seq.pending_row = row
+        for index, item in enumerate(items):
+            if not item.samples:
+                continue
+            for seq in (item.seq, *children.get(id(item.seq), ())):
+                seq.num_pending += 1
+                seq.pending_row = row
+                plan.sample_seqs.append(seq)
+                plan.sample_items.append(index)
                 row += 1
         return plan
 
     def preempt(self, seq: Sequence) -> None:
         """Drop `seq`'s cache and send it to the front of the queue; it is recomputed later."""
         self.running.remove(seq)
+        self._reserved_rows -= len(seq.forks)  # its forks wait with it (reserved again on admission)
         self._release_row(seq)
         self.blocks.free(seq.block_table)
         seq.num_computed = 0
@@ -168,6 +227,7 @@ class Scheduler:
         """End `seq` wherever it is and return its blocks."""
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
+            self._reserved_rows -= len(seq.forks)
             self._release_row(seq)
         elif seq.status is SeqStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +23,10 @@ class Sequence:
     `tokens` holds the prompt and every output token read back so far. `num_pending` counts tokens
     that a step has sampled on the device but the host has not read yet (0 or 1): in async mode the
     next step consumes such a token straight from the device through `pending_row`.
+
+    A request with n > 1 is n sequences: sample 0 (the parent) computes the prompt; the others wait
+    in its `forks` until the step that finishes the prompt, which draws every sample's first token
+    from the prompt's last row and gives each fork the parent's prompt blocks (shared, counted).
     """
 
     request_id: str
@@ -42,17 +45,44 @@ class Sequence:
     row: int = -1  # that row's index in the scheduler's block_rows
     finish_reason: str | None = None
     num_preemptions: int = 0
-    emit: Callable[..., None] | None = None  # set by the engine: delivers outputs to the caller
-    # temperature, top_k, top_p, seed as one row (exact in float64: the seed has 32 bits); the input
-    # builder reads this one tuple per sequence instead of four attributes through `params`.
-    sampling_row: tuple[float, float, float, float] = field(init=False)
+    index: int = 0  # which of the request's n samples
+    forks: list[Sequence] = field(default_factory=list)  # samples 1..n-1, until the prompt is done
+    # Token ids banned until min_tokens are out (the model's EOS ids and the request's stop ids).
+    min_tokens_ban: tuple[int, ...] = ()
+    prompt_logprobs: list = field(default_factory=list)  # filled chunk by chunk when asked for
+    prompt_logprobs_sent: bool = False
+    # temperature, top_k, top_p, min_p, seed and the three penalties as one row (exact in float64:
+    # the seed has 32 bits); the input builder reads this one tuple per sequence.
+    sampling_row: tuple[float, ...] = field(init=False)
+    plain_greedy: bool = field(init=False)  # no penalties, bias, bans or logprobs: the fastest steps
+    penalized: bool = field(init=False)
     # Tokens (prompt + output) past which nothing more may be scheduled: max_tokens or the context.
     token_limit: int = field(init=False)
 
     def __post_init__(self) -> None:
         p = self.params
-        self.sampling_row = (p.temperature, p.top_k, p.top_p, self.seed)
+        self.sampling_row = (
+            0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, self.seed,
+            p.repetition_penalty, p.frequency_penalty, p.presence_penalty,
+        )  # fmt: skip
+        self.plain_greedy = p.plain_greedy and p.prompt_logprobs is None
+        self.penalized = p.penalized
         self.token_limit = min(self.num_prompt + p.max_tokens, self.max_len)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The sequence's identity: its request and sample index."""
+        return (self.request_id, self.index)
+
+    def bias_entries(self) -> tuple[list[int], list[float]]:
+        """Token ids and additive biases for this sequence's next draw (logit_bias, then the min_tokens
+        ban while the output is short)."""
+        ids = [t for t, _ in self.params.logit_bias]
+        values = [b for _, b in self.params.logit_bias]
+        if self.num_output + self.num_pending - 1 < self.params.min_tokens:
+            ids += self.min_tokens_ban
+            values += [float("-inf")] * len(self.min_tokens_ban)
+        return ids, values
 
     @property
     def num_tokens(self) -> int:

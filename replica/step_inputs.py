@@ -8,6 +8,25 @@ import numpy as np
 
 from replica.io_buffers import StepBuffers
 from replica.scheduler import StepPlan
+from replica.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class FillContext:
+    """What the input builder needs besides the plan: the cache geometry and the vocabulary."""
+
+    block_size: int
+    vocab: int
+    pad_marks: np.ndarray  # flat penalty-state indices of the pad row, one per token row
+
+
+@dataclass
+class PromptLogprobChunk:
+    """Rows [row, row + count) of a step score the prompt tokens after positions [start, start + count)."""
+
+    seq: Sequence
+    row: int
+    count: int
 
 
 @dataclass
@@ -22,29 +41,43 @@ class StepLayout:
     prefill_max_q: int = 0  # longest chunk (queries) and longest context (keys) this step
     prefill_max_k: int = 0
     has_placeholders: bool = False
-    all_greedy: bool = True
-    any_top_k: bool = False
-    any_top_p: bool = False
+    plain_greedy: bool = True  # every row is a plain argmax and no sequence keeps penalty counts
+    logprobs: bool = False  # some row asks for logprobs
+    num_bias: int = 0
+    num_resets: int = 0
+    num_copies: int = 0  # KV blocks copied after the step (forks)
+    num_row_copies: int = 0  # penalty rows copied after the step (forks)
+    marks: bool = False  # some chunk belongs to a sequence with penalties
+    prompt_logprobs: list[PromptLogprobChunk] = field(default_factory=list)
 
 
-def fill_step(plan: StepPlan, buf: StepBuffers, block_size: int) -> StepLayout:
+def fill_step(plan: StepPlan, buf: StepBuffers, ctx: FillContext) -> StepLayout:
     arrays = buf.np
     decode = plan.items[: plan.num_decode]
     nd = len(decode)
     width = 0
     placeholders = False
     if nd:
-        width = _fill_decode(decode, plan.block_rows, arrays, block_size)
+        width = _fill_decode(decode, plan.block_rows, arrays, ctx.block_size)
         placeholders = bool((arrays["prev_rows"][:nd] >= 0).any())
     layout = StepLayout(plan.num_tokens, nd, 0, width, has_placeholders=placeholders)
     row = nd
+    if nd < plan.num_tokens:
+        arrays["mark_index"][: plan.num_tokens] = ctx.pad_marks[: plan.num_tokens]
+        arrays["count_index"][: plan.num_tokens] = ctx.pad_marks[: plan.num_tokens]
     for index, item in enumerate(plan.items[nd:]):
-        _fill_chunk(item, row, index, arrays, block_size)
+        _fill_chunk(item, row, index, arrays, ctx.block_size)
         layout.prefills.append((row, item.num_new, item.start + item.num_new, index))
+        if item.seq.penalized:
+            _fill_marks(item, row, arrays, ctx)
+            layout.marks = True
+        if _scores_prompt(item):
+            layout.prompt_logprobs.append(_fill_targets(item, row, arrays))
         row += item.num_new
     if layout.prefills:
         _fill_chunk_bounds(layout, arrays)
-    _fill_sampling(plan, arrays, layout)
+    _fill_sampling(plan, arrays, layout, ctx.vocab)
+    _fill_resets_and_forks(plan, arrays, layout)
     return layout
 
 
@@ -83,6 +116,37 @@ def _fill_chunk(item, row: int, index: int, arrays: dict[str, np.ndarray], block
     arrays["prefill_tables"][index, : len(seq.block_table)] = table[: len(seq.block_table)]
 
 
+def _fill_marks(item, row: int, arrays: dict[str, np.ndarray], ctx: FillContext) -> None:
+    """Penalty bookkeeping of a chunk: prompt tokens set their flag, output tokens (a recomputation's)
+    add to their count, in the sequence's row of the penalty state."""
+    seq, start, count = item.seq, item.start, item.num_new
+    ids = np.asarray(seq.tokens[start : start + count], dtype=np.int64)
+    flat = seq.row * ctx.vocab + ids
+    is_prompt = np.arange(start, start + count) < seq.num_prompt
+    pads = ctx.pad_marks[row : row + count]
+    arrays["mark_index"][row : row + count] = np.where(is_prompt, flat, pads)
+    arrays["count_index"][row : row + count] = np.where(is_prompt, pads, flat)
+
+
+def _scores_prompt(item) -> bool:
+    """The chunk holds prompt positions whose next token's logprob the request wants and lacks."""
+    seq = item.seq
+    if seq.params.prompt_logprobs is None or item.start >= seq.num_prompt - 1:
+        return False
+    return len(seq.prompt_logprobs) == item.start  # a recomputation scores nothing twice
+
+
+def _fill_targets(item, row: int, arrays: dict[str, np.ndarray]) -> PromptLogprobChunk:
+    """The next prompt token after each position of a chunk (0 past the prompt: those rows are unused)."""
+    seq, start, count = item.seq, item.start, item.num_new
+    end = min(start + count + 1, seq.num_prompt)
+    targets = np.zeros(count, dtype=np.int64)
+    known = seq.tokens[start + 1 : end]
+    targets[: len(known)] = known
+    arrays["target_ids"][row : row + count] = targets
+    return PromptLogprobChunk(seq, row, count)
+
+
 def _fill_chunk_bounds(layout: StepLayout, arrays: dict[str, np.ndarray]) -> None:
     """Packed offsets for one varlen attention call over all chunks: queries and keys back to back."""
     q_lens = np.array([q_len for _, q_len, _, _ in layout.prefills], np.int32)
@@ -94,27 +158,61 @@ def _fill_chunk_bounds(layout: StepLayout, arrays: dict[str, np.ndarray]) -> Non
     layout.prefill_max_q, layout.prefill_max_k = int(q_lens.max()), int(k_lens.max())
 
 
-def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLayout) -> None:
+def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLayout, vocab: int) -> None:
     items = plan.items
-    picked = [index for index, item in enumerate(items) if item.samples]
-    if plan.num_tokens == len(items):  # pure decode: item i is row i
-        rows = np.asarray(picked)
-    else:  # a sampled item's row is the last of its tokens
-        rows = (np.cumsum([item.num_new for item in items]) - 1)[picked]
-    sampling = [items[index] for index in picked]
-    s = len(sampling)
+    seqs = plan.sample_seqs
+    s = len(seqs)
     layout.num_samples = s
+    layout.plain_greedy = not layout.marks and all(q.plain_greedy for q in seqs)
     if s == 0:
         return
-    seqs = [item.seq for item in sampling]
-    table = np.array([q.sampling_row for q in seqs], dtype=np.float64)  # (s, 4)
+    if plan.num_tokens == len(items):  # pure decode: item i is row i
+        rows = np.asarray(plan.sample_items)
+    else:  # a sampled item's row is the last of its tokens
+        rows = (np.cumsum([item.num_new for item in items]) - 1)[plan.sample_items]
     arrays["sample_rows"][:s] = rows
-    arrays["temperature"][:s] = table[:, 0]
-    arrays["top_k"][:s] = table[:, 1]
-    arrays["top_p"][:s] = table[:, 2]
-    arrays["seed"][:s] = table[:, 3]
+    table = np.array([q.sampling_row for q in seqs], dtype=np.float64)  # (s, 8)
+    for column, name in enumerate(
+        ("temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "frequency_penalty")
+    ):
+        arrays[name][:s] = table[:, column]
+    arrays["presence_penalty"][:s] = table[:, 7]
     # Pending was counted when the step was planned: the token being drawn is the last one.
     arrays["out_position"][:s] = [len(q.tokens) + q.num_pending - 1 - q.num_prompt for q in seqs]
-    layout.all_greedy = bool((table[:, 0] == 0).all())
-    layout.any_top_k = bool((table[:, 1] > 0).any())
-    layout.any_top_p = bool((table[:, 2] < 1).any())
+    if layout.plain_greedy:
+        return
+    arrays["penalty_slot"][:s] = [q.row if q.penalized else -1 for q in seqs]
+    layout.logprobs = any(q.params.logprobs is not None for q in seqs)
+    _fill_bias(seqs, arrays, layout, vocab)
+
+
+def _fill_bias(seqs: list[Sequence], arrays: dict[str, np.ndarray], layout: StepLayout, vocab: int) -> None:
+    """logit_bias and min_tokens bans as flat (row * vocab + id, value) entries."""
+    at = 0
+    for s, q in enumerate(seqs):
+        if not q.params.logit_bias and not q.params.min_tokens:
+            continue
+        ids, values = q.bias_entries()
+        n = len(ids)
+        if n:
+            arrays["bias_index"][at : at + n] = np.asarray(ids, dtype=np.int64) + s * vocab
+            arrays["bias_value"][at : at + n] = values
+            at += n
+    arrays["num_bias"][0] = at
+    layout.num_bias = at
+
+
+def _fill_resets_and_forks(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLayout) -> None:
+    """Penalty rows cleared before the step; forks' KV blocks and prompt rows copied after it."""
+    resets = [item.seq.row for item in plan.items if item.start == 0 and item.seq.penalized]
+    resets += [f.child.row for f in plan.forks if f.child.penalized]
+    copies = [f.copy for f in plan.forks if f.copy is not None]
+    row_copies = [(f.parent.row, f.child.row) for f in plan.forks if f.child.penalized]
+    layout.num_resets, layout.num_copies, layout.num_row_copies = len(resets), len(copies), len(row_copies)
+    arrays["reset_slots"][: len(resets)] = resets
+    for (src, dst), pairs in (
+        (("copy_src", "copy_dst"), copies),
+        (("row_copy_src", "row_copy_dst"), row_copies),
+    ):
+        for i, (a, b) in enumerate(pairs):
+            arrays[src][i], arrays[dst][i] = a, b

@@ -50,7 +50,7 @@ async def _generate_all(
                 await asyncio.sleep(0)
             engine.release()
         outputs = await asyncio.gather(*tasks)
-        graphed = engine.core.runner.graphs is not None
+        graphed = engine.core.runner.graph_replays > 0
         stats = engine.stats()
         return outputs, graphed, stats, engine.profile_summary()
     finally:
