@@ -2,7 +2,10 @@
 
     python -m replica.bench --model smollm2-135m --device cpu --concurrency 16 --max-tokens 128 --json o.json
 
-Every request generates exactly --max-tokens tokens (EOS ignored), so modes do the same work. Modes:
+Every request generates exactly --max-tokens tokens (EOS ignored), so modes do the same work.
+--sampling runs each engine mode under several profiles (greedy; sampled: temperature 0.8, top-p
+0.9; logprobs: sampled with the top 5 logprobs of every token), side by side; a profile other than
+greedy reports its mode as e.g. "async-sampled". Modes:
 async / sync: this engine; hf: transformers `generate` on the whole batch at once (padded);
 hf-single: transformers `generate`, one request at a time (the single-stream figure); hf-cb:
 transformers' own continuous batching (`generate_batch`, async batching on; run first, in a child
@@ -32,6 +35,11 @@ from replica.roofline import roofline
 from replica.sampling_params import SamplingParams
 
 MODES = ("async", "sync", "hf", "hf-single", "hf-cb", "prepare")
+PROFILES = {
+    "greedy": dict(temperature=0.0),
+    "sampled": dict(temperature=0.8, top_p=0.9),
+    "logprobs": dict(temperature=0.8, top_p=0.9, logprobs=5),
+}
 
 
 def make_prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -39,7 +47,7 @@ def make_prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[lis
     return [rng.integers(100, vocab - 100, size=length).tolist() for _ in range(count)]
 
 
-async def run_engine(args, mode: str) -> dict:
+async def run_engine(args, mode: str, profile: str = "greedy") -> dict:
     config = EngineConfig(
         model=args.model,
         device=args.device,
@@ -54,8 +62,11 @@ async def run_engine(args, mode: str) -> dict:
     engine = Engine(config)
     await engine.start()
     prompts = make_prompts(engine.loaded.config.vocab_size, args.concurrency, args.prompt_len)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    await _drive(engine, prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    params = [
+        SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, seed=i, **PROFILES[profile])
+        for i in range(len(prompts))
+    ]
+    await _drive(engine, prompts[:2], params[:2], max_tokens=4)  # warm-up
     runs = []
     for _ in range(args.repeats):  # the same batch again on the same engine: run-to-run spread
         engine.core.profiler.records.clear()  # the engine is idle now: profile only the timed run
@@ -68,6 +79,7 @@ async def run_engine(args, mode: str) -> dict:
     runs.sort(key=lambda run: run[0])
     wall, per_request, records, summary = runs[len(runs) // 2]  # the median run's figures
     result = _summarise(mode, per_request, wall, summary)
+    result["sampling"] = {"profile": profile, **PROFILES[profile]}
     result["mixed_graph_replays"] = engine.core.runner.mixed_replays  # warm-up and every run
     result["runs_tok_s"] = [round(sum(len(r["tokens"]) for r in run[1]) / run[0], 1) for run in runs]
     result["prefill_steps"] = [  # (prefill tokens, rows, device ms, host launch ms) of prefill steps
@@ -84,11 +96,16 @@ async def run_engine(args, mode: str) -> dict:
     return result
 
 
-async def _drive(engine: Engine, prompts, params) -> list[dict]:
+async def _drive(engine: Engine, prompts, params: list[SamplingParams], max_tokens: int = 0) -> list[dict]:
     async def one(i: int, prompt) -> dict:
         sent = time.perf_counter()
         stamps, tokens = [], []
-        async for out in engine.generate(prompt, params, request_id=f"bench-{i}-{sent}"):
+        p = (
+            params[i]
+            if not max_tokens
+            else SamplingParams(**{**_fields(params[i]), "max_tokens": max_tokens})
+        )
+        async for out in engine.generate(prompt, p, request_id=f"bench-{i}-{sent}"):
             now = time.perf_counter()
             stamps.extend([now] * len(out.token_ids))
             tokens.extend(out.token_ids)
@@ -101,6 +118,10 @@ async def _drive(engine: Engine, prompts, params) -> list[dict]:
         await asyncio.sleep(0)
     engine.release()
     return await asyncio.gather(*tasks)
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in params.__dataclass_fields__}
 
 
 def _summarise(mode: str, per_request: list[dict], wall: float, profile: dict) -> dict:
@@ -160,10 +181,12 @@ def run(args) -> dict:
 
         results["prepare"] = measure(args.concurrency, args.prompt_len)
         _progress(args, results, "prepare")
-    for mode in [m for m in modes if m in ("async", "sync")]:
-        results[mode] = asyncio.run(run_engine(args, mode))
-        _progress(args, results, mode)
-        _release_memory()
+    for profile in args.sampling.split(","):
+        for mode in [m for m in modes if m in ("async", "sync")]:
+            name = mode if profile == "greedy" else f"{mode}-{profile}"
+            results[name] = asyncio.run(run_engine(args, mode, profile))
+            _progress(args, results, name)
+            _release_memory()
     hf_modes = [m for m in modes if m.startswith("hf") and (m != "hf-cb" or args.in_child)]
     if hf_modes:
         loaded = load_only(args)  # same preset and seed: the same weights the engine ran
@@ -225,10 +248,20 @@ def _report(args, results: dict[str, dict]) -> dict:
         for base in baselines if mode in results else []:
             ratio = results[mode]["output_tokens_per_s"] / results[base]["output_tokens_per_s"]
             report["ratios"][f"{mode}_vs_{base}"] = ratio
+    for profile in ("", "-sampled", "-logprobs"):
+        if f"async{profile}" in results and f"sync{profile}" in results:
+            report["ratios"][f"async_vs_sync{profile}"] = (
+                results[f"async{profile}"]["output_tokens_per_s"]
+                / results[f"sync{profile}"]["output_tokens_per_s"]
+            )
+    for mode in ("async", "sync"):
+        for profile, base in (("sampled", mode), ("logprobs", f"{mode}-sampled")):
+            if f"{mode}-{profile}" in results and base in results:
+                ratio = (
+                    results[f"{mode}-{profile}"]["output_tokens_per_s"] / results[base]["output_tokens_per_s"]
+                )
+                report["ratios"][f"{mode}_{profile}_vs_{base}"] = ratio
     if "async" in results and "sync" in results:
-        report["ratios"]["async_vs_sync"] = (
-            results["async"]["output_tokens_per_s"] / results["sync"]["output_tokens_per_s"]
-        )
         same = [a == b for a, b in zip(results["async"]["outputs"], results["sync"]["outputs"], strict=True)]
         report["greedy_agreement"]["async_equals_sync"] = all(same)
     for hf_mode in ("hf", "hf-single"):
@@ -242,7 +275,8 @@ def _report(args, results: dict[str, dict]) -> dict:
 
 
 def print_table(report: dict) -> None:
-    print(f"\n{'mode':<10} {'tok/s':>10} {'wall s':>8} {'TPOT p50 ms':>12} {'step ms':>9} {'busy':>6}")
+    head = f"{'tok/s':>10} {'wall s':>8} {'TPOT p50 ms':>12} {'step ms':>9} {'busy':>6} {'graphed':>7}"
+    print(f"\n{'mode':<16} {head}")
     for mode, r in report["results"].items():
         if mode == "prepare":
             h = r["host_prepare_ms"]
@@ -257,9 +291,10 @@ def print_table(report: dict) -> None:
         step = float("nan") if step is None else step
         busy = float("nan") if busy is None else busy
         tpot = r.get("tpot_ms_p50") or 0.0
+        graphed = r.get("profile", {}).get("graphed_fraction", float("nan"))
         print(
-            f"{mode:<10} {r['output_tokens_per_s']:>10.1f} {r['wall_s']:>8.2f} "
-            f"{tpot:>12.2f} {step:>9.2f} {busy:>6.2f}"
+            f"{mode:<16} {r['output_tokens_per_s']:>10.1f} {r['wall_s']:>8.2f} "
+            f"{tpot:>12.2f} {step:>9.2f} {busy:>6.2f} {graphed:>7.2f}"
         )
     for name, value in report["ratios"].items():
         print(f"{name}: {value:.2f}x")
@@ -277,6 +312,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--modes", default="async,sync,hf-single")
+    p.add_argument("--sampling", default="greedy", help=f"profiles, comma-separated: {', '.join(PROFILES)}")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per engine mode (median kept)")
     p.add_argument("--no-mixed-graphs", action="store_true", help="run mixed steps eagerly")
     add_decode_flags(p)

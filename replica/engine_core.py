@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from replica.block_manager import BlockManager
 from replica.detokenizer import IncrementalDetokenizer
 from replica.errors import RequestFailedError
-from replica.model_runner import ModelRunner, StepHandle, StepResult
+from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from replica.profiler import StepProfiler, StepRecord
 from replica.scheduler import Scheduler, StepPlan
 from replica.sequence import Sequence
+from replica.step_handle import StepHandle, StepResult
 
 log = logging.getLogger(__name__)
 Deliver = Callable[[list[tuple[Sequence, object]]], None]
@@ -245,6 +246,8 @@ class EngineCore:
             wait_ms=wait_ms,
             idle_ms=handle.idle_ms,
             schedule_ms=handle.schedule_ms,
+            kind=handle.kind,
+            graphed=handle.graphed,
             **handle.timings_ms(),
         )
         self.profiler.add(record)

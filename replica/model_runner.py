@@ -17,7 +17,6 @@ each kind has its own graphs, so sampled traffic replays graphs as greedy traffi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -30,6 +29,7 @@ from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
 from replica.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS
 from replica.scheduler import StepPlan
+from replica.step_handle import StepHandle, StepResult, prompt_scores_to_host
 from replica.step_inputs import FillContext, StepLayout, fill_step
 from replica.step_sampler import GRAPH_BIAS_ENTRIES, PromptScores, StepSampler
 from replica.streams import StepStreams
@@ -38,47 +38,6 @@ from replica.varlen_prefill import flash_varlen_available
 KINDS = ("greedy", "sample", "logprobs")
 MIXED_KINDS = ("greedy", "sample")  # a mixed step with logprobs runs eagerly
 MAX_BAN_IDS = MAX_STOP_TOKEN_IDS + 16  # stop ids plus the model's EOS ids
-
-
-@dataclass
-class StepHandle:
-    plan: StepPlan
-    set_index: int
-    num_samples: int
-    prepare_ms: float
-    graphed: bool
-    events: dict  # start, h2d_done, compute_start, compute_done, d2h_done
-    prev_compute_done: object | None  # the previous step's compute_done: the gap since is device idle
-    kind: str = "greedy"
-    prompt_scores: list[PromptScores] = field(default_factory=list)  # host copies after D2H
-    launch_ms: float = 0.0  # host time to enqueue the step's copies, forward and sampling
-    idle_ms: float = 0.0  # host time the loop waited for work before launching this step
-    schedule_ms: float = 0.0  # host time the scheduler took to plan this step
-
-    def timings_ms(self) -> dict[str, float]:
-        ev = self.events
-        gap = 0.0
-        if self.prev_compute_done is not None:
-            gap = max(0.0, self.prev_compute_done.elapsed_time(ev["compute_start"]))
-        return {
-            "prepare_ms": self.prepare_ms,
-            "launch_ms": self.launch_ms,
-            "h2d_ms": ev["start"].elapsed_time(ev["h2d_done"]),
-            "compute_ms": ev["compute_start"].elapsed_time(ev["compute_done"]),
-            "d2h_ms": ev["compute_done"].elapsed_time(ev["d2h_done"]),
-            "gap_ms": gap,
-        }
-
-
-@dataclass
-class StepResult:
-    """A step's outputs on the host: sampled ids, and logprob arrays in logprob steps."""
-
-    tokens: np.ndarray
-    logprob: np.ndarray | None = None
-    top_ids: np.ndarray | None = None
-    top_logprobs: np.ndarray | None = None
-    prompt_scores: list[PromptScores] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -222,7 +181,7 @@ class ModelRunner:
         self.streams.wait("d2h", events["compute_done"])
         with self.streams.on("d2h"):
             buf.copy_samples_to_host(layout.num_samples, logprobs=kind == "logprobs")
-            scores = [_to_host(s, self.device) for s in scores]
+            scores = [prompt_scores_to_host(s, self.device) for s in scores]
             events["d2h_done"].record()
         self._step_count += 1
         self._prev_valid = True
@@ -327,14 +286,3 @@ class ModelRunner:
         marks = t if layout.marks else 0
         self._draw(kind, buf, hidden[dev["sample_rows"][:s]], marks, layout.num_bias)
         return self.sampler.score_prompts(hidden, dev, layout.prompt_logprobs)
-
-
-def _to_host(scores: PromptScores, device: torch.device) -> PromptScores:
-    """Enqueue a chunk's prompt logprobs into pinned host memory (on the current, D2H, stream)."""
-    if device.type != "cuda":
-        return scores
-    pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (scores.logprob, scores.top_ids)]
-    pinned.append(torch.empty(scores.top_logprobs.shape, dtype=torch.float32, pin_memory=True))
-    for dst, src in zip(pinned, (scores.logprob, scores.top_ids, scores.top_logprobs), strict=True):
-        dst.copy_(src, non_blocking=True)
-    return PromptScores(scores.chunk, *pinned)

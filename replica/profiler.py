@@ -32,6 +32,8 @@ class StepRecord:
     postprocess_ms: float  # host: append tokens, stops, deliver outputs
     wait_ms: float  # host blocked on the step's D2H event
     idle_ms: float  # loop waited for work before this step
+    kind: str = "greedy"  # greedy | sample | logprobs (replica/step_sampler.py)
+    graphed: bool = False  # replayed a CUDA graph
 
 
 def busy_fraction(records: list[StepRecord]) -> float | None:
@@ -80,6 +82,8 @@ class StepProfiler:
             "p50": host[len(host) // 2],
             "p99": host[min(len(host) - 1, int(len(host) * 0.99))],
         }
+        out["graphed_fraction"] = sum(r.graphed for r in records) / len(records)
+        out["kinds"] = {k: sum(r.kind == k for r in records) for k in ("greedy", "sample", "logprobs")}
         out["mean_batch_size"] = statistics.fmean(r.batch_size for r in records)
         out["mean_tokens"] = statistics.fmean(r.num_tokens for r in records)
         out["device_busy_fraction"] = busy_fraction(records[1:])

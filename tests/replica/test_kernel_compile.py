@@ -124,3 +124,21 @@ def test_greedy_kernels_compile():
     chunk = compile_for_h200(_chunk_max_kernel, types, dict(CHUNK=CHUNK))
     pick = compile_for_h200(_pick_kernel, types, dict(CHUNKS=32))
     assert "st.global" in chunk.asm["ptx"] and "st.global" in pick.asm["ptx"]
+
+
+def test_sampler_kernels_compile_with_32_bit_noise():
+    from replica.sampler import MAX_CHAIN
+    from replica.triton_sampler import BLOCK, NUM_WARPS, _penalty_kernel, _sample_kernel
+
+    types = {"logits_ptr": "*fp32", "out_ptr": "*i64", "stride": "i32", "vocab": "i32"}
+    types |= {"temp_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
+    types |= {"seed_ptr": "*i64", "pos_ptr": "*i64"}
+    sample = compile_for_h200(_sample_kernel, types, dict(BLOCK=BLOCK, MAX_CHAIN=MAX_CHAIN), num_warps=NUM_WARPS)
+    ptx = sample.asm["ptx"]
+    # The hash stays in 32-bit integers: 64-bit multiplies only for the row's address.
+    assert ptx.count("mul.lo.s32") > 20 and ptx.count("mul.lo.s64") <= 2
+    penalty_types = {"raw_ptr": "*bf16", "raw_stride": "i32", "out_ptr": "*fp32", "vocab": "i32"}
+    penalty_types |= {"slot_ptr": "*i64", "rep_ptr": "*fp32", "freq_ptr": "*fp32", "pres_ptr": "*fp32"}
+    penalty_types |= {"counts_ptr": "*i32", "prompt_ptr": "*u8"}
+    penalty = compile_for_h200(_penalty_kernel, penalty_types, dict(BLOCK=BLOCK))
+    assert "st.global" in penalty.asm["ptx"]

@@ -1,0 +1,224 @@
+"""The engine under realistic traffic: Poisson arrivals over a ladder of rates, lognormal lengths, and
+a sampling mix like real API traffic, beside the same trace all-greedy, in one run on one engine.
+
+    python -m replica.bench_trace --model llama-3.1-8b --random-weights --device cuda \\
+        --requests 600 --rates 10,20,40,inf --json out.json
+
+The trace (fixed by --seed): request i arrives at the i-th event of a Poisson process of the rate
+("inf": all at once, the saturation point); its prompt has lognormal length (median
+--prompt-median, log-sd --prompt-sigma, clipped to [16, --prompt-max]) and it generates a
+lognormal number of tokens (median --output-median, log-sd --output-sigma, clipped to [8,
+--output-max]) with EOS ignored, so both mixes do the same work. The sampling mix (`mixed`): 20%
+greedy; 80% sampled at temperature U(0.6, 1.0) with top-p U(0.9, 1.0), of which a quarter also
+take top-k from {20, 50, 100}, a fifth a penalty (frequency, presence or repetition) and a tenth
+min-p 0.05; every sampled request has its own seed. `greedy` sends the same trace at temperature 0.
+
+Per run it reports output tokens/s, request throughput, and TTFT, TPOT ((E2E - TTFT) / (tokens - 1))
+and ITL (the gap between consecutive tokens) at p50 and p99, as `vllm bench serve` defines them,
+plus the engine's share of graphed steps. Runs with torch, transformers and numpy alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from replica.config import EngineConfig
+from replica.engine import Engine
+from replica.sampling_params import SamplingParams
+
+
+@dataclass
+class TraceRequest:
+    arrival_s: float
+    prompt: list[int]
+    output_tokens: int
+    mixed: dict  # sampling fields of the mixed run (the greedy run uses temperature 0)
+
+
+def sampling_mix(rng: np.random.Generator, seed: int) -> dict:
+    """One request's sampling fields, drawn as the module docstring says."""
+    if rng.random() < 0.2:
+        return {"temperature": 0.0}
+    fields = {
+        "temperature": float(rng.uniform(0.6, 1.0)),
+        "top_p": float(rng.uniform(0.9, 1.0)),
+        "seed": seed,
+    }
+    if rng.random() < 0.25:
+        fields["top_k"] = int(rng.choice([20, 50, 100]))
+    if rng.random() < 0.2:
+        kind = rng.integers(3)
+        if kind == 0:
+            fields["frequency_penalty"] = float(rng.uniform(0.1, 0.5))
+        elif kind == 1:
+            fields["presence_penalty"] = float(rng.uniform(0.1, 0.5))
+        else:
+            fields["repetition_penalty"] = float(rng.uniform(1.05, 1.2))
+    if rng.random() < 0.1:
+        fields["min_p"] = 0.05
+    return fields
+
+
+def make_trace(args, vocab: int, rate: float) -> list[TraceRequest]:
+    rng = np.random.default_rng(args.seed)  # the same lengths and mix at every rate
+    n = args.requests
+    prompt_lens = np.clip(
+        args.prompt_median * np.exp(args.prompt_sigma * rng.standard_normal(n)), 16, args.prompt_max
+    )
+    output_lens = np.clip(
+        args.output_median * np.exp(args.output_sigma * rng.standard_normal(n)), 8, args.output_max
+    )
+    mixes = [sampling_mix(rng, int(rng.integers(2**31))) for _ in range(n)]
+    prompts = [rng.integers(100, vocab - 100, size=int(length)).tolist() for length in prompt_lens]
+    gaps = np.zeros(n) if math.isinf(rate) else rng.exponential(1.0 / rate, size=n)
+    arrivals = np.cumsum(gaps) - gaps[0]
+    return [
+        TraceRequest(float(a), p, int(o), m)
+        for a, p, o, m in zip(arrivals, prompts, output_lens, mixes, strict=True)
+    ]
+
+
+async def run_trace(engine: Engine, trace: list[TraceRequest], mix: str) -> dict:
+    engine.core.profiler.records.clear()
+    start = time.perf_counter()
+
+    async def one(i: int, req: TraceRequest) -> dict:
+        await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
+        fields = req.mixed if mix == "mixed" else {"temperature": 0.0}
+        params = SamplingParams(max_tokens=req.output_tokens, ignore_eos=True, **fields)
+        sent = time.perf_counter()
+        stamps: list[float] = []
+        async for out in engine.generate(req.prompt, params, request_id=f"{mix}-{i}-{sent}"):
+            stamps.extend([time.perf_counter()] * len(out.token_ids))
+        return {"sent": sent, "stamps": stamps}
+
+    done = await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+    wall = max(d["stamps"][-1] for d in done) - start
+    return summarise(done, wall, engine.profile_summary())
+
+
+def summarise(done: list[dict], wall: float, profile: dict) -> dict:
+    tokens = sum(len(d["stamps"]) for d in done)
+    ttft = [(d["stamps"][0] - d["sent"]) * 1e3 for d in done]
+    tpot = [
+        (d["stamps"][-1] - d["stamps"][0]) / (len(d["stamps"]) - 1) * 1e3
+        for d in done
+        if len(d["stamps"]) > 1
+    ]
+    itl = np.concatenate([np.diff(d["stamps"]) * 1e3 for d in done if len(d["stamps"]) > 1])
+    pct = lambda values, q: float(np.percentile(values, q))  # noqa: E731
+    return {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / wall,
+        "requests_per_s": len(done) / wall,
+        **{f"ttft_ms_p{q}": pct(ttft, q) for q in (50, 99)},
+        **{f"tpot_ms_p{q}": pct(tpot, q) for q in (50, 99)},
+        **{f"itl_ms_p{q}": pct(itl, q) for q in (50, 99)},
+        "graphed_fraction": profile.get("graphed_fraction"),
+        "step_kinds": profile.get("kinds"),
+        "device_busy_fraction": profile.get("device_busy_fraction"),
+    }
+
+
+async def run(args) -> dict:
+    engine = Engine(
+        EngineConfig(
+            model=args.model, device=args.device, random_weights=args.random_weights,
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+        )
+    )  # fmt: skip
+    await engine.start()
+    vocab = engine.loaded.config.vocab_size
+    warm = make_trace(args, vocab, math.inf)[:8]
+    await run_trace(engine, warm, "mixed")
+    results: dict[str, dict] = {}
+    try:
+        for rate_name in args.rates.split(","):
+            rate = math.inf if rate_name == "inf" else float(rate_name)
+            trace = make_trace(args, vocab, rate)
+            for mix in ("greedy", "mixed"):
+                key = f"{mix}@{rate_name}"
+                results[key] = await run_trace(engine, trace, mix)
+                print(f"[trace] {key}: {results[key]['output_tokens_per_s']:.0f} tok/s", flush=True)
+    finally:
+        await engine.stop()
+    return report(args, results)
+
+
+def report(args, results: dict[str, dict]) -> dict:
+    ratios = {}
+    for key, r in results.items():
+        if key.startswith("mixed@"):
+            greedy = results.get("greedy@" + key.split("@")[1])
+            if greedy:
+                ratios[key.split("@")[1]] = {
+                    "throughput": r["output_tokens_per_s"] / greedy["output_tokens_per_s"],
+                    "tpot_p50": r["tpot_ms_p50"] / greedy["tpot_ms_p50"],
+                }
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": platform.node(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "args": vars(args),
+        "results": results,
+        "mixed_vs_greedy": ratios,
+    }
+
+
+def print_table(rep: dict) -> None:
+    cols = ("output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50",
+            "itl_ms_p99", "graphed_fraction")  # fmt: skip
+    print(
+        f"\n{'run':<14}"
+        + "".join(f"{c.replace('_ms', '').replace('output_tokens_per_s', 'tok/s'):>12}" for c in cols)
+    )
+    for name, r in rep["results"].items():
+        print(f"{name:<14}" + "".join(f"{(r.get(c) or 0):>12.2f}" for c in cols))
+    for rate, ratio in rep["mixed_vs_greedy"].items():
+        print(
+            f"mixed/greedy @{rate}: throughput {ratio['throughput']:.3f}x, TPOT p50 {ratio['tpot_p50']:.3f}x"
+        )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--random-weights", action="store_true")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--requests", type=int, default=600)
+    p.add_argument("--rates", default="10,20,40,inf", help="requests per second; inf = all at once")
+    p.add_argument("--prompt-median", type=float, default=400)
+    p.add_argument("--prompt-sigma", type=float, default=0.8)
+    p.add_argument("--prompt-max", type=int, default=3000)
+    p.add_argument("--output-median", type=float, default=200)
+    p.add_argument("--output-sigma", type=float, default=0.7)
+    p.add_argument("--output-max", type=int, default=1200)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    rep = asyncio.run(run(args))
+    if args.json:
+        args.json.write_text(json.dumps(rep, indent=2, default=str))
+    print_table(rep)
+    return rep
+
+
+if __name__ == "__main__":
+    main()
