@@ -32,11 +32,12 @@ PROFILES = {
 
 
 def params_for(rows: int, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> SamplingTensors:
-    dev = "cuda"
+    def full(value):
+        return torch.full((rows,), value, device="cuda")
+
     return SamplingTensors(
-        temperature=torch.full((rows,), temperature, device=dev), top_k=torch.full((rows,), top_k, device=dev),
-        top_p=torch.full((rows,), top_p, device=dev), min_p=torch.full((rows,), min_p, device=dev),
-        seed=torch.arange(rows, device=dev), position=torch.full((rows,), 7, device=dev),
+        temperature=full(temperature), top_k=full(top_k), top_p=full(top_p), min_p=full(min_p),
+        seed=torch.arange(rows, device="cuda"), position=full(7),
     )  # fmt: skip
 
 
@@ -72,8 +73,12 @@ def measure(rows: int, vocab: int, scale: float) -> dict:
     zeros = torch.zeros(rows, device="cuda")
     out = {
         "penalties_off_us": time_graph(lambda: state.process(raw, slots_off, ones, zeros, zeros)),
-        "penalties_on_us": time_graph(lambda: state.process(raw, slots_on, ones * 1.1, ones * 0.2, ones * 0.1)),
-        "logprobs_top20_us": time_graph(lambda: (torch.logsumexp(raw.float(), -1), raw.float().topk(20, dim=-1))),
+        "penalties_on_us": time_graph(
+            lambda: state.process(raw, slots_on, ones * 1.1, ones * 0.2, ones * 0.1)
+        ),
+        "logprobs_top20_us": time_graph(
+            lambda: (torch.logsumexp(raw.float(), -1), raw.float().topk(20, dim=-1))
+        ),
     }
     for name, fields in PROFILES.items():
         params = params_for(rows, **fields)

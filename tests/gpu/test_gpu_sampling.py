@@ -24,9 +24,13 @@ VOCAB = 49152
 
 def _random_params(rows: int, g: torch.Generator) -> SamplingTensors:
     return SamplingTensors(
-        temperature=torch.where(torch.rand(rows, generator=g) < 0.2, 0.0, torch.rand(rows, generator=g) + 0.2),
+        temperature=torch.where(
+            torch.rand(rows, generator=g) < 0.2, 0.0, torch.rand(rows, generator=g) + 0.2
+        ),
         top_k=torch.randint(0, 100, (rows,), generator=g) * (torch.rand(rows, generator=g) < 0.4),
-        top_p=torch.where(torch.rand(rows, generator=g) < 0.6, torch.rand(rows, generator=g) * 0.5 + 0.5, 1.0),
+        top_p=torch.where(
+            torch.rand(rows, generator=g) < 0.6, torch.rand(rows, generator=g) * 0.5 + 0.5, 1.0
+        ),
         min_p=torch.where(torch.rand(rows, generator=g) < 0.3, torch.rand(rows, generator=g) * 0.2, 0.0),
         seed=torch.randint(0, 2**32, (rows,), generator=g),
         position=torch.randint(0, 5000, (rows,), generator=g),
@@ -69,10 +73,14 @@ def test_kernel_draws_follow_the_distribution():
 def test_penalty_kernel_matches_the_reference(dtype):
     g = torch.Generator().manual_seed(2)
     raw = (torch.randn(6, VOCAB, generator=g) * 4).to(dtype)
-    counts = torch.randint(0, 4, (8, VOCAB), generator=g, dtype=torch.int32) * (torch.rand(8, VOCAB, generator=g) < 0.01)
+    counts = torch.randint(0, 4, (8, VOCAB), generator=g, dtype=torch.int32) * (
+        torch.rand(8, VOCAB, generator=g) < 0.01
+    )
     prompt = (torch.rand(8, VOCAB, generator=g) < 0.01).to(torch.uint8)
     slots = torch.tensor([0, -1, 5, 7, 2, -1])
-    pen = [torch.tensor(v) for v in ([1.3, 1, 0.8, 1.1, 1, 1], [0.4, 0, 0, 0.2, -0.5, 0], [0.6, 0, 1, 0, 0.1, 0])]
+    pen = [
+        torch.tensor(v) for v in ([1.3, 1, 0.8, 1.1, 1, 1], [0.4, 0, 0, 0.2, -0.5, 0], [0.6, 0, 1, 0, 0.1, 0])
+    ]
     ref = apply_penalties(raw.float(), slots, *pen, counts, prompt.bool())
     got = penalized_logits(raw.cuda(), slots.cuda(), *(t.cuda() for t in pen), counts.cuda(), prompt.cuda())
     assert torch.allclose(got.cpu(), ref, rtol=1e-6, atol=1e-6)
@@ -96,7 +104,9 @@ def _mixed_params(i: int) -> SamplingParams:
         dict(temperature=1.0, logprobs=5),
         dict(temperature=0.8, n=2),
     ]
-    return SamplingParams(max_tokens=24 + (i * 7) % 20, seed=1000 + i, ignore_eos=True, **kinds[i % len(kinds)])
+    return SamplingParams(
+        max_tokens=24 + (i * 7) % 20, seed=1000 + i, ignore_eos=True, **kinds[i % len(kinds)]
+    )
 
 
 async def _run(config: EngineConfig, prompts, params, together: bool = True, sync_debug: bool = False):
@@ -149,7 +159,9 @@ def test_sampled_mix_graphed_equals_eager_and_sync():
 def test_seeded_request_alone_equals_it_in_a_crowd():
     prompts = _prompts(12, seed=6)
     params = [_mixed_params(i) for i in range(12)]
-    cfg = EngineConfig(model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=32, dtype="float32")
+    cfg = EngineConfig(
+        model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=32, dtype="float32"
+    )
     crowd, _, _ = asyncio.run(_run(cfg, prompts, params, together=False))
     for i in (0, 2, 4, 7):
         alone, _, _ = asyncio.run(_run(cfg, [prompts[i]], [params[i]]))

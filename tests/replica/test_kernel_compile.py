@@ -133,7 +133,9 @@ def test_sampler_kernels_compile_with_32_bit_noise():
     types = {"logits_ptr": "*fp32", "out_ptr": "*i64", "stride": "i32", "vocab": "i32"}
     types |= {"temp_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
     types |= {"seed_ptr": "*i64", "pos_ptr": "*i64"}
-    sample = compile_for_h200(_sample_kernel, types, dict(BLOCK=BLOCK, MAX_CHAIN=MAX_CHAIN), num_warps=NUM_WARPS)
+    sample = compile_for_h200(
+        _sample_kernel, types, dict(BLOCK=BLOCK, MAX_CHAIN=MAX_CHAIN), num_warps=NUM_WARPS
+    )
     ptx = sample.asm["ptx"]
     # The hash stays in 32-bit integers: 64-bit multiplies only for the row's address.
     assert ptx.count("mul.lo.s32") > 20 and ptx.count("mul.lo.s64") <= 2

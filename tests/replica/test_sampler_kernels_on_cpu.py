@@ -38,13 +38,15 @@ params = SamplingTensors(
 kernel = triton_sampler.sample_rows(logits, params)
 reference = sample_reference(logits, params)
 raw = (torch.randn(5, vocab, generator=g) * 3).to(torch.bfloat16)
-counts = torch.randint(0, 3, (4, vocab), generator=g, dtype=torch.int32) * (torch.rand(4, vocab, generator=g) < 0.1)
+counts = torch.randint(0, 3, (4, vocab), generator=g, dtype=torch.int32)
+counts *= torch.rand(4, vocab, generator=g) < 0.1
 prompt = (torch.rand(4, vocab, generator=g) < 0.1).to(torch.uint8)
 slots = torch.tensor([0, -1, 2, 1, 3])
 pen = [torch.tensor(v) for v in ([1.3, 1.0, 0.8, 1.0, 1.1], [0.5, 0, 0, -0.3, 0.2], [0.1, 0, 1.0, 0, 0.2])]
 got = triton_sampler.penalized_logits(raw, slots, *pen, counts, prompt)
 ref = apply_penalties(raw.float(), slots, *pen, counts, prompt.bool())
-print(json.dumps({"kernel": kernel.tolist(), "reference": reference.tolist(), "penalties_equal": bool(torch.equal(got, ref))}))
+same = bool(torch.equal(got, ref))
+print(json.dumps({"kernel": kernel.tolist(), "reference": reference.tolist(), "penalties_equal": same}))
 """
 
 
