@@ -135,7 +135,8 @@ async def _run(config: EngineConfig, prompts, params, together: bool = True, syn
         replays.update({f"mixed-{k}": g.replays for k, g in runner.mixed_graphs.items()})
         return outputs, replays, engine.stats()
     finally:
-        torch.cuda.set_sync_debug_mode(0)
+        if sync_debug:
+            torch.cuda.set_sync_debug_mode(0)
         await engine.stop()
 
 
@@ -150,10 +151,20 @@ def test_sampled_mix_graphed_equals_eager_and_sync():
     }
     results = {name: asyncio.run(_run(cfg, prompts, params)) for name, cfg in runs.items()}
     for name in ("async", "eager"):
-        assert results[name][0] == results["sync"][0], f"{name} differs from sync"
+        differ = [
+            (i, params[i], _first_difference(a, b))
+            for i, (a, b) in enumerate(zip(results[name][0], results["sync"][0], strict=True))
+            if a != b
+        ]
+        assert not differ, f"{name} differs from sync: {differ}"
     replays = results["async"][1]
     assert replays["sample"] > 0 and replays["logprobs"] > 0, replays
     assert all(r[2].kv_blocks_used == 0 for r in results.values())
+
+
+def _first_difference(a: list, b: list) -> tuple[int, object, object]:
+    at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return at, a[at : at + 3], b[at : at + 3]
 
 
 def test_seeded_request_alone_equals_it_in_a_crowd():

@@ -127,20 +127,34 @@ def test_greedy_kernels_compile():
 
 
 def test_sampler_kernels_compile_with_32_bit_noise():
-    from replica.sampler import MAX_CHAIN
-    from replica.triton_sampler import BLOCK, NUM_WARPS, _penalty_kernel, _sample_kernel
+    from replica import triton_sampler as ts
 
-    types = {"logits_ptr": "*fp32", "out_ptr": "*i64", "stride": "i32", "vocab": "i32"}
-    types |= {"temp_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
-    types |= {"seed_ptr": "*i64", "pos_ptr": "*i64"}
-    sample = compile_for_h200(
-        _sample_kernel, types, dict(BLOCK=BLOCK, MAX_CHAIN=MAX_CHAIN), num_warps=NUM_WARPS
-    )
-    ptx = sample.asm["ptx"]
-    # The hash stays in 32-bit integers: 64-bit multiplies only for the row's address.
-    assert ptx.count("mul.lo.s32") > 20 and ptx.count("mul.lo.s64") <= 2
+    ptrs = {"temp_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
+    ptrs |= {
+        "seed_ptr": "*i64",
+        "pos_ptr": "*i64",
+        "logits_ptr": "*fp32",
+        "out_ptr": "*i64",
+        "top_ptr": "*fp32",
+    }
+    ptrs |= {"pending_ptr": "*i32", "part_max_ptr": "*fp32", "part_key_ptr": "*fp32", "part_id_ptr": "*i32"}
+    ptrs |= {"part_count_ptr": "*i32", "part_mass_ptr": "*fp32", "part_total_ptr": "*fp32"}
+    ints = dict.fromkeys(("stride", "vocab", "span", "splits"), "i32")
+
+    def build(fn, constants, warps=ts.NUM_WARPS):
+        return compile_for_h200(fn, ptrs | ints, constants, num_warps=warps)
+
+    race = build(ts._race_kernel, dict(BLOCK=ts.BLOCK))
+    check = build(ts._check_kernel, dict(BLOCK=ts.BLOCK))
+    tail = build(ts._chain_tail, dict(LINKS=62, BLOCK=4096), warps=16)
+    for combine in (ts._race_combine, ts._check_combine):
+        assert "st.global" in build(combine, dict(SPLITS=16)).asm["ptx"]
+    for kernel in (race, check, tail):
+        ptx = kernel.asm["ptx"]
+        # The hash stays in 32-bit integers: 64-bit multiplies only for the row's address.
+        assert ptx.count("mul.lo.s32") > 10 and ptx.count("mul.lo.s64") <= 2, ptx.count("mul.lo.s64")
     penalty_types = {"raw_ptr": "*bf16", "raw_stride": "i32", "out_ptr": "*fp32", "vocab": "i32"}
     penalty_types |= {"slot_ptr": "*i64", "rep_ptr": "*fp32", "freq_ptr": "*fp32", "pres_ptr": "*fp32"}
     penalty_types |= {"counts_ptr": "*i32", "prompt_ptr": "*u8"}
-    penalty = compile_for_h200(_penalty_kernel, penalty_types, dict(BLOCK=BLOCK))
+    penalty = compile_for_h200(ts._penalty_kernel, penalty_types, dict(BLOCK=4096))
     assert "st.global" in penalty.asm["ptx"]
