@@ -206,6 +206,8 @@ class ModelRunner:
         pure_decode = layout.num_decode == layout.num_tokens
         if kind not in self.graphs or not pure_decode or not self.sampler.graph_bias_ok(layout):
             return None
+        if layout.num_samples != layout.num_decode:  # a fork draws from its parent's row: not row i
+            return None
         return self.graphs[kind].padded_size(layout.num_decode)
 
     def _mixed_size(self, layout: StepLayout, kind: str) -> int | None:
