@@ -59,7 +59,7 @@ class PenaltyState:
     ) -> torch.Tensor:
         """Float32 logits [S, vocab] with each row's penalties applied (rows with slot -1 as they are)."""
         if raw.is_cuda:
-            from replica.triton_sampler import penalized_logits
+            from replica.triton_penalties import penalized_logits
 
             return penalized_logits(raw, slots, repetition, frequency, presence, self.counts, self.prompt)
         return apply_penalties(

@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 from replica.penalty_state import PenaltyState
-from replica.sampler import SamplingTensors
-from replica.step_sampler import top_k_of_rows
+from replica.sampler import SamplingTensors, top_k_of_rows
 from replica.triton_sampler import sample_rows
 
 PROFILES = {

@@ -6,16 +6,17 @@ make the pass compute-heavy as well as memory-heavy). Launches, all of fixed sha
 
 1. `_race_kernel` (rows x splits): each split's maximum of v = logits / T and the race's winner
    (for a greedy row, the argmax) over its span, kept per lane and reduced once at the end;
-2. `_race_combine` (rows): the row's maximum and winner; rows with top-k, top-p or min-p are
-   marked pending;
-3. `_check_kernel` + `_check_combine`, twice: for pending rows, how many tokens are strictly more
+2. `_race_combine` (rows): the row's maximum, normaliser and winner; rows with top-k, top-p or
+   min-p are marked pending;
+3. `_top_k_draw` (rows): a pending row with a top-k below FAST_TOP_K is decided from its 128 most
+   likely tokens (a torch topk in two rounds): the allowed set lies inside them, so the race over
+   them is the answer. (The chain would need about log2(vocab / k) links on a flat row.)
+4. `_check_kernel` + `_check_combine`, twice: for pending rows, how many tokens are strictly more
    likely than the winner, their mass and the total mass, and the next link of the chain (the
    race's winner among those more likely tokens); the winner is accepted or replaced;
-4. `_chain_tail` (rows): the rare row still pending walks the rest of the chain in one program.
+5. `_chain_tail` (rows): the rare row still pending walks the rest of the chain in one program.
 
-The noise is the same counter-based hash as the torch reference, computed in 32-bit integers.
-`_penalty_kernel` casts a row's logits to float32 and, for rows with penalties, applies them from
-the penalty state (replica/penalty_state.py) in the same pass.
+The noise is the same counter-based hash as the torch reference (replica/triton_noise.py).
 """
 
 from __future__ import annotations
@@ -24,47 +25,14 @@ import torch
 import triton
 import triton.language as tl
 
-from replica.sampler import MAX_CHAIN, SamplingTensors
+from replica.sampler import MAX_CHAIN, SamplingTensors, top_k_of_rows
+from replica.triton_noise import _gumbel, _row_setup
 
 BLOCK = 1024  # vocabulary ids per loop iteration of one program
 NUM_WARPS = 4
 PARALLEL_LINKS = 2  # chain checks spread over the whole GPU before the one-program tail
+FAST_TOP_K = 128  # rows with top_k below this are decided from their top 128 tokens
 TARGET_PROGRAMS = 528  # about four per multiprocessor of an H200
-
-
-@triton.jit
-def _u32(value: tl.constexpr):
-    """A uint32 constant (a bare literal above 2**31 would widen the arithmetic to 64 bits)."""
-    return tl.full((), value, tl.uint32)
-
-
-@triton.jit
-def _mix32(x):
-    """murmur3's finaliser on uint32 (wrapping arithmetic, as the reference's masked int64)."""
-    x = x ^ (x >> 16)
-    x = x * _u32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * _u32(0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-@triton.jit
-def _gumbel(row_key, ids):
-    """-log(E) for E the reference's exponential noise of (row_key, ids)."""
-    bits = _mix32(_mix32(row_key ^ (ids.to(tl.uint32) * _u32(0x85EBCA77))) + row_key)
-    uniform = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    return -tl.log(-tl.log(uniform))
-
-
-@triton.jit
-def _row_setup(row, temp_ptr, top_k_ptr, seed_ptr, pos_ptr):
-    """(sampled, temperature to divide by, the row's noise key)."""
-    t = tl.load(temp_ptr + row)
-    sampled = (t != 0.0) & (tl.load(top_k_ptr + row) != 1)
-    seed = tl.load(seed_ptr + row).to(tl.uint32)  # the low 32 bits
-    pos = tl.load(pos_ptr + row).to(tl.uint32)
-    row_key = _mix32(seed ^ _mix32(pos * _u32(0x9E3779B1) + _u32(0x7F4A7C15)))
-    return sampled, tl.where(sampled, t, 1.0), row_key
 
 
 @triton.jit
@@ -83,8 +51,8 @@ def _argmax_lanes(keys, ids, vocab):
 
 @triton.jit
 def _race_kernel(
-    logits_ptr, stride, vocab, span, temp_ptr, top_k_ptr, seed_ptr, pos_ptr, part_max_ptr, part_key_ptr,
-    part_id_ptr, splits, BLOCK: tl.constexpr,
+    logits_ptr, stride, vocab, span, temp_ptr, top_k_ptr, seed_ptr, pos_ptr, part_max_ptr, part_total_ptr,
+    part_key_ptr, part_id_ptr, splits, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -92,32 +60,44 @@ def _race_kernel(
     sampled, t, row_key = _row_setup(row, temp_ptr, top_k_ptr, seed_ptr, pos_ptr)
     noise = tl.where(sampled, 1.0, 0.0)
     top = tl.full([BLOCK], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)  # per lane: sum of exp(v - top)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_id = tl.zeros([BLOCK], tl.int32)
     for start in range(split * span, tl.minimum(split * span + span, vocab), BLOCK):
         ids = start + tl.arange(0, BLOCK)
         v = _values(base, ids, vocab, t)
-        top = tl.maximum(top, v)
+        new_top = tl.maximum(top, v)
+        rescale = tl.where(new_top == float("-inf"), 0.0, tl.exp(top - new_top))
+        total = total * rescale + tl.where(v == float("-inf"), 0.0, tl.exp(v - new_top))
+        top = new_top
         key = tl.where(ids < vocab, v + _gumbel(row_key, ids) * noise, float("-inf"))
         better = key > best
         best = tl.where(better, key, best)
         best_id = tl.where(better, ids, best_id)
     key, index = _argmax_lanes(best, best_id, vocab)
     at = row * splits + split
-    tl.store(part_max_ptr + at, tl.max(top, axis=0))
+    split_top = tl.max(top, axis=0)
+    weight = tl.where(top == float("-inf"), 0.0, tl.exp(top - split_top))
+    tl.store(part_max_ptr + at, split_top)
+    tl.store(part_total_ptr + at, tl.sum(total * weight, axis=0))
     tl.store(part_key_ptr + at, key)
     tl.store(part_id_ptr + at, index)
 
 
 @triton.jit
 def _race_combine(
-    part_max_ptr, part_key_ptr, part_id_ptr, splits, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-    top_ptr, pending_ptr, out_ptr, SPLITS: tl.constexpr,
+    part_max_ptr, part_total_ptr, part_key_ptr, part_id_ptr, splits, vocab, temp_ptr, top_k_ptr, top_p_ptr,
+    min_p_ptr, top_ptr, total_ptr, pending_ptr, out_ptr, SPLITS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, SPLITS)
     inside = s < splits
-    top = tl.max(tl.load(part_max_ptr + row * splits + s, mask=inside, other=float("-inf")), axis=0)
+    tops = tl.load(part_max_ptr + row * splits + s, mask=inside, other=float("-inf"))
+    top = tl.max(tops, axis=0)
+    totals = tl.load(part_total_ptr + row * splits + s, mask=inside, other=0.0)
+    tl.store(
+        total_ptr + row, tl.sum(tl.where(tops == float("-inf"), 0.0, totals * tl.exp(tops - top)), axis=0)
+    )
     keys = tl.load(part_key_ptr + row * splits + s, mask=inside, other=float("-inf"))
     ids = tl.load(part_id_ptr + row * splits + s, mask=inside, other=vocab)
     _, winner = _argmax_lanes(keys, ids, vocab)
@@ -131,27 +111,24 @@ def _race_combine(
 
 @triton.jit
 def _check_span(base, lo, hi, vocab, t, top, at, floor, row_key, BLOCK: tl.constexpr):
-    """Over ids [lo, hi): tokens strictly above `at` (count, mass), the total mass, and the race's
-    winner among tokens above `at` and at or over `floor`."""
+    """Over ids [lo, hi): tokens strictly above `at` (count, and mass relative to exp(top)), and the
+    race's winner among tokens above `at` and at or over `floor`."""
     count = tl.zeros([BLOCK], tl.int32)
     mass = tl.zeros([BLOCK], tl.float32)
-    total = tl.zeros([BLOCK], tl.float32)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_id = tl.zeros([BLOCK], tl.int32)
     for start in range(lo, hi, BLOCK):
         ids = start + tl.arange(0, BLOCK)
         v = _values(base, ids, vocab, t)
-        weight = tl.where(v == float("-inf"), 0.0, tl.exp(v - top))
         above = v > at
         count += above.to(tl.int32)
-        mass += tl.where(above, weight, 0.0)
-        total += weight
+        mass += tl.where(above, tl.exp(v - top), 0.0)
         key = tl.where(above & (v >= floor), v + _gumbel(row_key, ids), float("-inf"))
         better = key > best
         best = tl.where(better, key, best)
         best_id = tl.where(better, ids, best_id)
     key, index = _argmax_lanes(best, best_id, vocab)
-    return tl.sum(count, axis=0), tl.sum(mass, axis=0), tl.sum(total, axis=0), key, index
+    return tl.sum(count, axis=0), tl.sum(mass, axis=0), key, index
 
 
 @triton.jit
@@ -163,8 +140,7 @@ def _floor(top, min_p_ptr, row):
 @triton.jit
 def _check_kernel(
     logits_ptr, stride, vocab, span, temp_ptr, top_k_ptr, seed_ptr, pos_ptr, min_p_ptr, top_ptr, pending_ptr,
-    out_ptr, part_count_ptr, part_mass_ptr, part_total_ptr, part_key_ptr, part_id_ptr, splits,
-    BLOCK: tl.constexpr,
+    out_ptr, part_count_ptr, part_mass_ptr, part_key_ptr, part_id_ptr, splits, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     if tl.load(pending_ptr + row) == 0:
@@ -175,13 +151,12 @@ def _check_kernel(
     top = tl.load(top_ptr + row)
     at = tl.load(base + tl.load(out_ptr + row)).to(tl.float32) / t
     lo = split * span
-    count, mass, total, key, index = _check_span(
+    count, mass, key, index = _check_span(
         base, lo, tl.minimum(lo + span, vocab), vocab, t, top, at, _floor(top, min_p_ptr, row), row_key, BLOCK
     )
     slot = row * splits + split
     tl.store(part_count_ptr + slot, count)
     tl.store(part_mass_ptr + slot, mass)
-    tl.store(part_total_ptr + slot, total)
     tl.store(part_key_ptr + slot, key)
     tl.store(part_id_ptr + slot, index)
 
@@ -195,8 +170,8 @@ def _rejected(at, floor, count, mass, total, top_k_ptr, top_p_ptr, row, vocab):
 
 @triton.jit
 def _check_combine(
-    logits_ptr, stride, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, top_ptr, pending_ptr, out_ptr,
-    part_count_ptr, part_mass_ptr, part_total_ptr, part_key_ptr, part_id_ptr, splits, SPLITS: tl.constexpr,
+    logits_ptr, stride, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, top_ptr, total_ptr, pending_ptr,
+    out_ptr, part_count_ptr, part_mass_ptr, part_key_ptr, part_id_ptr, splits, SPLITS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     if tl.load(pending_ptr + row) == 0:
@@ -206,7 +181,7 @@ def _check_combine(
     part = row * splits + s
     count = tl.sum(tl.load(part_count_ptr + part, mask=inside, other=0), axis=0)
     mass = tl.sum(tl.load(part_mass_ptr + part, mask=inside, other=0.0), axis=0)
-    total = tl.sum(tl.load(part_total_ptr + part, mask=inside, other=0.0), axis=0)
+    total = tl.load(total_ptr + row)
     keys = tl.load(part_key_ptr + part, mask=inside, other=float("-inf"))
     _, next_id = _argmax_lanes(keys, tl.load(part_id_ptr + part, mask=inside, other=vocab), vocab)
     t = tl.load(temp_ptr + row)
@@ -222,19 +197,20 @@ def _check_combine(
 @triton.jit
 def _chain_tail(
     logits_ptr, stride, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, pos_ptr, top_ptr,
-    pending_ptr, out_ptr, LINKS: tl.constexpr, BLOCK: tl.constexpr,
+    total_ptr, pending_ptr, out_ptr, LINKS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     pending = tl.load(pending_ptr + row) != 0
     base = logits_ptr + row * stride
     _sampled, t, row_key = _row_setup(row, temp_ptr, top_k_ptr, seed_ptr, pos_ptr)
     top = tl.load(top_ptr + row)
+    total = tl.load(total_ptr + row)
     floor = _floor(top, min_p_ptr, row)
     winner = tl.load(out_ptr + row).to(tl.int32)
     links = 0
     while pending:
         at = tl.load(base + winner).to(tl.float32) / t
-        count, mass, total, _next_key, next_id = _check_span(
+        count, mass, _next_key, next_id = _check_span(
             base, 0, vocab, vocab, t, top, at, floor, row_key, BLOCK
         )
         rejected = _rejected(at, floor, count, mass, total, top_k_ptr, top_p_ptr, row, vocab)
@@ -242,6 +218,38 @@ def _chain_tail(
         links += 1
         pending = rejected & (links < LINKS)
     tl.store(out_ptr + row, winner.to(tl.int64))
+
+
+@triton.jit
+def _top_k_draw(
+    values_ptr, ids_ptr, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, pos_ptr, top_ptr,
+    total_ptr, pending_ptr, out_ptr, K: tl.constexpr,
+):  # fmt: skip
+    """A pending row with 1 < top_k < K: the race over the row's K most likely tokens (sorted, best
+    first) holds the whole allowed set, so one small program decides it. A tie group reaching past
+    the K-th token leaves the row to the chain."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.load(top_k_ptr + row)
+    if (tl.load(pending_ptr + row) == 0) | (k <= 1) | (k >= K):
+        return
+    _sampled, t, row_key = _row_setup(row, temp_ptr, top_k_ptr, seed_ptr, pos_ptr)
+    j = tl.arange(0, K)
+    x = tl.load(values_ptr + row * K + j)
+    ids = tl.load(ids_ptr + row * K + j).to(tl.int32)
+    v = tl.where(x == x, x, float("-inf")) / t
+    top = tl.load(top_ptr + row)
+    greater = v[None, :] > v[:, None]  # [j, i]: token i strictly more likely than token j
+    count = tl.sum(greater.to(tl.int32), axis=1)
+    mass = tl.sum(tl.where(greater, tl.exp(v[None, :] - top), 0.0), axis=1)
+    last_count = tl.sum(tl.where(j == K - 1, count, 0), axis=0)
+    if last_count >= k:
+        floor = _floor(top, min_p_ptr, row)
+        total = tl.load(total_ptr + row)
+        allowed = (count < k) & (mass < tl.load(top_p_ptr + row) * total) & (v >= floor) & (v > float("-inf"))
+        key = tl.where(allowed, v + _gumbel(row_key, ids), float("-inf"))
+        _, winner = _argmax_lanes(key, ids, vocab)
+        tl.store(out_ptr + row, tl.minimum(winner, vocab - 1).to(tl.int64))
+        tl.store(pending_ptr + row, 0)
 
 
 def sample_rows(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
@@ -256,74 +264,39 @@ def sample_rows(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     splits = triton.cdiv(vocab, span)
     width = triton.next_power_of_2(splits)
     f32 = dict(dtype=torch.float32, device=logits.device)
-    part_max, part_key, part_mass, part_total = (torch.empty((rows, splits), **f32) for _ in range(4))
-    part_id = torch.empty((rows, splits), dtype=torch.int32, device=logits.device)
-    part_count = torch.empty((rows, splits), dtype=torch.int32, device=logits.device)
-    top = torch.empty(rows, **f32)
-    pending = torch.empty(rows, dtype=torch.int32, device=logits.device)
+    i32 = dict(dtype=torch.int32, device=logits.device)
+    part_max, part_total, part_key, part_mass = (torch.empty((rows, splits), **f32) for _ in range(4))
+    part_id, part_count = (torch.empty((rows, splits), **i32) for _ in range(2))
+    top, total = torch.empty(rows, **f32), torch.empty(rows, **f32)
+    pending = torch.empty(rows, **i32)
     p = params
     grid = (rows, splits)
+    row_args = (p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.position)
     _race_kernel[grid](
-        logits, logits.stride(0), vocab, span, p.temperature, p.top_k, p.seed, p.position, part_max, part_key,
-        part_id, splits, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        logits, logits.stride(0), vocab, span, p.temperature, p.top_k, p.seed, p.position, part_max,
+        part_total, part_key, part_id, splits, BLOCK=BLOCK, num_warps=NUM_WARPS,
     )  # fmt: skip
     _race_combine[(rows,)](
-        part_max, part_key, part_id, splits, vocab, p.temperature, p.top_k, p.top_p, p.min_p, top, pending,
-        out, SPLITS=width,
+        part_max, part_total, part_key, part_id, splits, vocab, p.temperature, p.top_k, p.top_p, p.min_p, top,
+        total, pending, out, SPLITS=width,
     )  # fmt: skip
-    parts = (part_count, part_mass, part_total, part_key, part_id)
+    if vocab > FAST_TOP_K:
+        values, ids = top_k_of_rows(logits, FAST_TOP_K)
+        _top_k_draw[(rows,)](
+            values, ids, vocab, *row_args, top, total, pending, out, K=FAST_TOP_K, num_warps=8
+        )
+    parts = (part_count, part_mass, part_key, part_id)
     for _ in range(PARALLEL_LINKS):
         _check_kernel[grid](
             logits, logits.stride(0), vocab, span, p.temperature, p.top_k, p.seed, p.position, p.min_p, top,
             pending, out, *parts, splits, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
         _check_combine[(rows,)](
-            logits, logits.stride(0), vocab, p.temperature, p.top_k, p.top_p, p.min_p, top, pending, out,
-            *parts, splits, SPLITS=width,
+            logits, logits.stride(0), vocab, p.temperature, p.top_k, p.top_p, p.min_p, top, total, pending,
+            out, *parts, splits, SPLITS=width,
         )  # fmt: skip
     _chain_tail[(rows,)](
-        logits, logits.stride(0), vocab, p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.position, top,
-        pending, out, LINKS=MAX_CHAIN - PARALLEL_LINKS, BLOCK=4096, num_warps=16,
+        logits, logits.stride(0), vocab, *row_args[:4], p.seed, p.position, top, total, pending, out,
+        LINKS=MAX_CHAIN - PARALLEL_LINKS, BLOCK=4096, num_warps=16,
     )  # fmt: skip
-    return out
-
-
-@triton.jit
-def _penalty_kernel(
-    raw_ptr, raw_stride, out_ptr, vocab, slot_ptr, rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    ids = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    inside = ids < vocab
-    x = tl.load(raw_ptr + row * raw_stride + ids, mask=inside, other=0.0).to(tl.float32)
-    slot = tl.load(slot_ptr + row)
-    if slot >= 0:
-        seen = tl.load(counts_ptr + slot * vocab + ids, mask=inside, other=0)
-        in_prompt = tl.load(prompt_ptr + slot * vocab + ids, mask=inside, other=0)
-        rep = tl.load(rep_ptr + row)
-        present = (seen > 0) | (in_prompt != 0)
-        x = tl.where(present, tl.where(x > 0, x / rep, x * rep), x)
-        appeared = tl.where(seen > 0, 1.0, 0.0)
-        x = x - (tl.load(freq_ptr + row) * seen.to(tl.float32) + tl.load(pres_ptr + row) * appeared)
-    tl.store(out_ptr + row * vocab + ids, x, mask=inside)
-
-
-def penalized_logits(
-    raw: torch.Tensor,
-    slots: torch.Tensor,
-    repetition: torch.Tensor,
-    frequency: torch.Tensor,
-    presence: torch.Tensor,
-    counts: torch.Tensor,
-    prompt: torch.Tensor,
-) -> torch.Tensor:
-    rows, vocab = raw.shape
-    out = torch.empty((rows, vocab), dtype=torch.float32, device=raw.device)
-    if rows == 0:
-        return out
-    grid = (rows, triton.cdiv(vocab, 4096))
-    _penalty_kernel[grid](
-        raw, raw.stride(0), out, vocab, slots, repetition, frequency, presence, counts, prompt, BLOCK=4096
-    )
     return out

@@ -16,7 +16,8 @@ import torch
 from replica import Engine, EngineConfig, SamplingParams
 from replica.penalty_state import apply_penalties
 from replica.sampler import SamplingTensors, sample_reference
-from replica.triton_sampler import penalized_logits, sample_rows
+from replica.triton_penalties import penalized_logits
+from replica.triton_sampler import sample_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 VOCAB = 49152

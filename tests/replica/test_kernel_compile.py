@@ -127,6 +127,7 @@ def test_greedy_kernels_compile():
 
 
 def test_sampler_kernels_compile_with_32_bit_noise():
+    from replica import triton_penalties
     from replica import triton_sampler as ts
 
     ptrs = {"temp_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
@@ -139,6 +140,7 @@ def test_sampler_kernels_compile_with_32_bit_noise():
     }
     ptrs |= {"pending_ptr": "*i32", "part_max_ptr": "*fp32", "part_key_ptr": "*fp32", "part_id_ptr": "*i32"}
     ptrs |= {"part_count_ptr": "*i32", "part_mass_ptr": "*fp32", "part_total_ptr": "*fp32"}
+    ptrs |= {"total_ptr": "*fp32", "values_ptr": "*fp32", "ids_ptr": "*i64"}
     ints = dict.fromkeys(("stride", "vocab", "span", "splits"), "i32")
 
     def build(fn, constants, warps=ts.NUM_WARPS):
@@ -149,6 +151,7 @@ def test_sampler_kernels_compile_with_32_bit_noise():
     tail = build(ts._chain_tail, dict(LINKS=62, BLOCK=4096), warps=16)
     for combine in (ts._race_combine, ts._check_combine):
         assert "st.global" in build(combine, dict(SPLITS=16)).asm["ptx"]
+    assert "st.global" in build(ts._top_k_draw, dict(K=ts.FAST_TOP_K), warps=8).asm["ptx"]
     for kernel in (race, check, tail):
         ptx = kernel.asm["ptx"]
         # The hash stays in 32-bit integers: 64-bit multiplies only for the row's address.
@@ -156,5 +159,5 @@ def test_sampler_kernels_compile_with_32_bit_noise():
     penalty_types = {"raw_ptr": "*bf16", "raw_stride": "i32", "out_ptr": "*fp32", "vocab": "i32"}
     penalty_types |= {"slot_ptr": "*i64", "rep_ptr": "*fp32", "freq_ptr": "*fp32", "pres_ptr": "*fp32"}
     penalty_types |= {"counts_ptr": "*i32", "prompt_ptr": "*u8"}
-    penalty = compile_for_h200(ts._penalty_kernel, penalty_types, dict(BLOCK=4096))
+    penalty = compile_for_h200(triton_penalties._penalty_kernel, penalty_types, dict(BLOCK=4096))
     assert "st.global" in penalty.asm["ptx"]

@@ -18,7 +18,7 @@ CHILD = r"""
 import json
 import tests.replica.triton_on_cpu  # noqa: F401  (the interpreter patch)
 import torch
-from replica import triton_sampler
+from replica import triton_penalties, triton_sampler
 from replica.penalty_state import apply_penalties
 from replica.sampler import SamplingTensors, sample_reference
 
@@ -43,7 +43,7 @@ counts *= torch.rand(4, vocab, generator=g) < 0.1
 prompt = (torch.rand(4, vocab, generator=g) < 0.1).to(torch.uint8)
 slots = torch.tensor([0, -1, 2, 1, 3])
 pen = [torch.tensor(v) for v in ([1.3, 1.0, 0.8, 1.0, 1.1], [0.5, 0, 0, -0.3, 0.2], [0.1, 0, 1.0, 0, 0.2])]
-got = triton_sampler.penalized_logits(raw, slots, *pen, counts, prompt)
+got = triton_penalties.penalized_logits(raw, slots, *pen, counts, prompt)
 ref = apply_penalties(raw.float(), slots, *pen, counts, prompt.bool())
 same = bool(torch.equal(got, ref))
 print(json.dumps({"kernel": kernel.tolist(), "reference": reference.tolist(), "penalties_equal": same}))
