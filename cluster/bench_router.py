@@ -80,6 +80,9 @@ class PacedReplica:
             "finish_reason": "length" if upto == n else None,
             "num_prompt_tokens": len(args.prompt_ids),
             "num_output_tokens": upto,
+            "index": 0,
+            "total_output_tokens": upto,
+            "done": upto == n,
             "replica_id": "paced",
         }
 

@@ -146,6 +146,7 @@ class AppConfig(_Frozen):
         default=False, description="Log prompt and completion text (off: text never reaches a log)."
     )
     default_max_tokens: int = Field(default=16, gt=0, description="max_tokens when a request gives none.")
+    max_n: int = Field(default=8, ge=1, le=128, description="Choices one request may ask for (n), at most.")
     timing_history: int = Field(default=50_000, gt=0, description="Request timing records kept per router.")
     host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")
     port: int = Field(default=8000, gt=0, lt=65536, description="HTTP port of the Serve proxy.")

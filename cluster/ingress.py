@@ -23,7 +23,14 @@ from cluster.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.prompts import PromptEncoder
 from cluster.replica_monitor import ReplicaMonitor, running_replicas
 from cluster.request_flow import ActiveRequest
-from cluster.responses import ClosingStreamingResponse, ResponseMeta, full_body, guarded, sse_stream
+from cluster.responses import (
+    ChoiceState,
+    ClosingStreamingResponse,
+    ResponseMeta,
+    full_body,
+    guarded,
+    sse_stream,
+)
 from cluster.router_core import RouterCore
 from cluster.tenant_views import check_own, sla_report, usage
 from tenancy import Tenant, parse_bearer
@@ -179,37 +186,45 @@ class Ingress:
             active = await self.core.runner.open(job)
         except Exception as exc:
             return error_response(exc)
-        meta = ResponseMeta.new(kind, request_id, self.cfg.served_model_name)  # type: ignore[arg-type]
+        meta = self._response_meta(kind, request_id, body, active.job.prompt_ids)
         headers = dict(active.lease.headers) if active.lease else {}
+        token_text = self.jobs.encoder.token_text
         if body.stream:
-            stream = guarded(sse_stream(meta, active.outputs(), body.include_usage))
+            outputs = active.outputs()
+            stream = guarded(sse_stream(meta, outputs, body.include_usage, token_text, body.n))
             return ClosingStreamingResponse(
                 stream,
                 lambda: active.close("aborted", "client_gone"),  # no-op after a normal end
                 media_type="text/event-stream",
                 headers=headers,
             )
-        return await self._collect(meta, active, headers)
+        return await self._collect(meta, active, headers, body.n)
 
-    async def _collect(self, meta: ResponseMeta, active: ActiveRequest, headers: dict[str, str]) -> Response:
-        text: list[str] = []
+    def _response_meta(self, kind: str, request_id: str, body, prompt_ids: list[int]) -> ResponseMeta:
+        logprobs = body.logprob_count() if kind == "chat" else body.logprobs
+        echo = None
+        if kind == "completion" and body.echo:
+            prompt = body.single_prompt()
+            text = prompt if isinstance(prompt, str) else self.jobs.encoder.decode(prompt)
+            echo = (text, tuple(prompt_ids))
+        model = self.cfg.served_model_name
+        return ResponseMeta.new(kind, request_id, model, logprobs=logprobs, echo=echo)  # type: ignore[arg-type]
+
+    async def _collect(
+        self, meta: ResponseMeta, active: ActiveRequest, headers: dict[str, str], n: int
+    ) -> Response:
+        choices = [ChoiceState(i, meta, self.jobs.encoder.token_text) for i in range(n)]
         last: dict[str, Any] = {}
         try:
             async for item in active.outputs():
-                text.append(item["text"])
+                choices[item["index"]].add(item)
                 last = item
         except Exception as exc:
             return error_response(exc)
         if self.cfg.log_request_text:
-            log.info("request %s completion %r", meta.response_id, "".join(text))
-        body = full_body(
-            meta,
-            "".join(text),
-            last.get("finish_reason"),
-            last.get("num_prompt_tokens", 0),
-            last.get("num_output_tokens", 0),
-        )
-        return JSONResponse(body, headers=headers)
+            log.info("request %s completion %r", meta.response_id, ["".join(c.text) for c in choices])
+        prompt_tokens, output_tokens = last.get("num_prompt_tokens", 0), last.get("total_output_tokens", 0)
+        return JSONResponse(full_body(meta, choices, prompt_tokens, output_tokens), headers=headers)
 
     async def _max_model_len(self) -> int:
         info = await self.replicas.info.remote()

@@ -34,31 +34,49 @@ class JobBuilder:
     ) -> Job:
         if body.model != self._cfg.served_model_name:
             raise NotFound(f"the model {body.model!r} does not exist", code="model_not_found", param="model")
+        if body.n > self._cfg.max_n:
+            raise BadRequest(f"n is at most {self._cfg.max_n} on this server", code="invalid_n", param="n")
+        sampling = body.sampling_fields()
         if isinstance(body, ChatCompletionRequest):
             ids = self._encoder.chat(body.template_messages())
             max_tokens = body.output_limit()
+            sampling["logprobs"] = body.logprob_count()
         else:
             try:
                 prompt = body.single_prompt()
             except ValueError as exc:
                 raise BadRequest(str(exc), param="prompt") from None
             ids = self._encoder.completion(prompt)
-            max_tokens = body.max_tokens
-        max_tokens = max_tokens or self._cfg.default_max_tokens
+            max_tokens, prompt_logprobs = _completion_limits(body)
+            sampling["logprobs"] = body.logprobs
+            sampling["prompt_logprobs"] = prompt_logprobs
+        if max_tokens is None:
+            max_tokens = self._cfg.default_max_tokens
         await self._check_context(len(ids), max_tokens)
-        sampling = {
-            "max_tokens": max_tokens,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "seed": body.seed,
-            "stop": body.stop_tuple(),
-        }
+        self._check_token_ids(sampling)
+        sampling["max_tokens"] = max_tokens
         try:
             SamplingParams(**sampling)  # validate here: a bad value is a 400 before any quota is taken
         except (ValueError, TypeError, OverflowError) as exc:
             raise BadRequest(str(exc)) from None
         coalesce = self._cfg.stream_interval_s if body.stream else NON_STREAM_COALESCE_S
         return Job(request_id, tenant, tenant.sla_class, ids, sampling, coalesce)
+
+    def _check_token_ids(self, sampling: dict) -> None:
+        """logit_bias keys must be token ids of this model's vocabulary."""
+        vocab = self._encoder.vocab_size
+        bound = f"0 to {vocab - 1}" if vocab else "non-negative"
+        for key in sampling["logit_bias"]:
+            if not key.lstrip("-").isdigit() or (vocab is not None and not 0 <= int(key) < vocab):
+                raise BadRequest(
+                    f"logit_bias: {key!r} is not a token id of this model ({bound})",
+                    code="invalid_logit_bias",
+                    param="logit_bias",
+                )
+
+    @property
+    def encoder(self) -> PromptEncoder:
+        return self._encoder
 
     async def _check_context(self, prompt_tokens: int, max_tokens: int) -> None:
         if self._max_model_len is None:
@@ -71,3 +89,14 @@ class JobBuilder:
                 code="context_length_exceeded",
                 param="prompt",
             )
+
+
+def _completion_limits(body: CompletionRequest) -> tuple[int | None, int | None]:
+    """max_tokens and the prompt logprobs a completion asks for: echo with logprobs scores the prompt,
+    and max_tokens 0 (scoring only) needs echo."""
+    if body.max_tokens == 0 and not body.echo:
+        raise BadRequest("max_tokens 0 needs echo (it scores the prompt only)", param="max_tokens")
+    prompt_logprobs = None
+    if body.echo and (body.logprobs is not None or body.max_tokens == 0):
+        prompt_logprobs = body.logprobs or 0
+    return body.max_tokens, prompt_logprobs

@@ -41,6 +41,23 @@ class PromptEncoder:
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int | None) -> None:
         self._tok = tokenizer
         self._vocab = vocab_size
+        self._token_text: dict[int, str] = {}
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._vocab
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text (logprobs name tokens so); "token_id:N" without a tokenizer."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._tok.decode([token_id]) if self._tok is not None else f"token_id:{token_id}"
+            if len(self._token_text) < 200_000:
+                self._token_text[token_id] = text
+        return text
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids) if self._tok is not None else ""
 
     @classmethod
     def for_model(cls, model: str, random_weights: bool, synthetic: bool = False) -> PromptEncoder:

@@ -39,23 +39,28 @@ class ReplicaServer:
         except (InvalidRequestError, TypeError) as exc:
             yield error_item("invalid_request", str(exc))
             return
-        pending = len(args.prompt_ids) + params.max_tokens
+        pending = len(args.prompt_ids) + params.max_tokens * params.n
         self._waiting_tokens += pending
         started = False
         try:
             stream = self._engine.generate(args.prompt_ids, params, request_id=args.request_id)
-            held: dict[str, Any] | None = None
+            held: dict[int, dict[str, Any]] = {}  # per choice, outputs not sent yet
+            counts = [0] * params.n
+            open_choices = params.n
             last_yield = 0.0
             async for out in stream:
-                item = output_item(out, self._replica_id)
-                held = item if held is None else merge_items(held, item)
+                counts[out.index] = out.num_output_tokens
+                open_choices -= out.finished
+                item = output_item(out, self._replica_id, sum(counts), done=open_choices == 0)
+                held[out.index] = merge_items(held[out.index], item) if out.index in held else item
                 now = time.monotonic()
                 if not started or out.finished or now - last_yield >= args.coalesce_s:
                     if not started:
                         started = True
                         self._waiting_tokens -= pending
-                    yield held
-                    held, last_yield = None, now
+                    for ready in _in_order(held, item):
+                        yield ready
+                    held, last_yield = {}, now
         except InvalidRequestError as exc:
             yield error_item("invalid_request", str(exc))
         except EngineError as exc:
@@ -110,6 +115,15 @@ class ReplicaServer:
         await self._engine.stop()
 
 
+def _in_order(held: dict[int, dict[str, Any]], newest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Held outputs to send, the newest last (it carries the request's latest total and `done`)."""
+    others = [item for index, item in sorted(held.items()) if index != newest["index"]]
+    for item in others:  # their totals were current when made; the newest's supersede them
+        item["total_output_tokens"] = min(item["total_output_tokens"], newest["total_output_tokens"])
+        item["done"] = False
+    return [*others, held[newest["index"]]]
+
+
 def _replica_id() -> str:
     try:
         from ray import serve
@@ -128,4 +142,5 @@ def engine_output(item: dict[str, Any]) -> RequestOutput:
         finish_reason=item["finish_reason"],
         num_prompt_tokens=item["num_prompt_tokens"],
         num_output_tokens=item["num_output_tokens"],
+        index=item.get("index", 0),
     )

@@ -56,7 +56,8 @@ class Job:
 
     @property
     def max_tokens(self) -> int:
-        return int(self.sampling["max_tokens"])
+        """The request's output budget: max_tokens for each of its n choices."""
+        return int(self.sampling["max_tokens"]) * int(self.sampling.get("n", 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ class ActiveRequest:
             last_renew = time.monotonic()
             while item is not None:
                 yield item
-                if item["finish_reason"] is not None:
+                if item["done"]:
                     outcome = ("ok", item["finish_reason"])
                     break
                 if self.lease is not None and time.monotonic() - last_renew > RENEW_EVERY_S:
@@ -195,15 +196,15 @@ class ActiveRequest:
 
     def _on_tokens(self, item: dict[str, Any]) -> None:
         t = self.timing
-        new = item["num_output_tokens"] - t.output_tokens
+        new = item["total_output_tokens"] - t.output_tokens
         if t.first_token is None and item["token_ids"]:
             t.first_token = time.monotonic()
         t.replica_id = item.get("replica_id", t.replica_id)
         if new > 0:
-            t.output_tokens = item["num_output_tokens"]
+            t.output_tokens = item["total_output_tokens"]
             self._runner.dispatcher.queue.charge(self.job.tenant.id, new)
             self._runner.metrics.observe_tokens(t.tenant_id, t.sla_class, new)
-        if item["finish_reason"] is not None:
+        if item["done"]:
             self._finished = True
 
     async def close(self, outcome: Outcome, reason: str | None = None) -> None:

@@ -20,20 +20,33 @@ class GenerateArgs:
     coalesce_s: float = 0.0
 
 
-def output_item(out: RequestOutput, replica_id: str) -> dict[str, Any]:
-    """One engine delivery as a dict; timing metrics only on the final one."""
+def output_item(out: RequestOutput, replica_id: str, total_output_tokens: int, done: bool) -> dict[str, Any]:
+    """One engine delivery as a dict: a choice's new tokens (`index`), with the request's running total
+    of output tokens and whether every choice has ended (`done`); timing metrics on a choice's end.
+    Logprobs travel as [token id, logprob, [[id, logprob], ...]] per token."""
     item: dict[str, Any] = {
         "request_id": out.request_id,
+        "index": out.index,
         "token_ids": list(out.token_ids),
         "text": out.text,
         "finish_reason": out.finish_reason,
         "num_prompt_tokens": out.num_prompt_tokens,
         "num_output_tokens": out.num_output_tokens,
+        "total_output_tokens": total_output_tokens,
+        "done": done,
         "replica_id": replica_id,
     }
+    if out.logprobs is not None:
+        item["logprobs"] = [_logprob(lp) for lp in out.logprobs]
+    if out.prompt_logprobs is not None:
+        item["prompt_logprobs"] = [None if lp is None else _logprob(lp) for lp in out.prompt_logprobs]
     if out.metrics is not None:
         item["num_preemptions"] = out.metrics.num_preemptions
     return item
+
+
+def _logprob(lp) -> list:
+    return [lp.token_id, lp.logprob, [list(pair) for pair in lp.top]]
 
 
 def error_item(kind: str, message: str) -> dict[str, Any]:
@@ -42,8 +55,13 @@ def error_item(kind: str, message: str) -> dict[str, Any]:
 
 
 def merge_items(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
-    """Two consecutive output dicts as one (token ids and text concatenated, counts from the later)."""
+    """Two consecutive output dicts of one choice as one (tokens, text and logprobs concatenated,
+    counts from the later)."""
     merged = dict(later)
     merged["token_ids"] = first["token_ids"] + later["token_ids"]
     merged["text"] = first["text"] + later["text"]
+    if "logprobs" in first or "logprobs" in later:
+        merged["logprobs"] = first.get("logprobs", []) + later.get("logprobs", [])
+    if "prompt_logprobs" in first:
+        merged["prompt_logprobs"] = first["prompt_logprobs"]
     return merged

@@ -8,9 +8,8 @@ make the pass compute-heavy as well as memory-heavy). Launches, all of fixed sha
    (for a greedy row, the argmax) over its span, kept per lane and reduced once at the end;
 2. `_race_combine` (rows): the row's maximum, normaliser and winner; rows with top-k, top-p or
    min-p are marked pending;
-3. `_top_k_draw` (rows): a pending row with a top-k below FAST_TOP_K is decided from its 128 most
-   likely tokens (a torch topk in two rounds): the allowed set lies inside them, so the race over
-   them is the answer. (The chain would need about log2(vocab / k) links on a flat row.)
+3. the top-k path (replica/triton_top_k.py): a pending row with a top-k below 128 is decided from
+   its 128 most likely tokens, which hold its whole allowed set;
 4. `_check_kernel` + `_check_combine`, twice: for pending rows, how many tokens are strictly more
    likely than the winner, their mass and the total mass, and the next link of the chain (the
    race's winner among those more likely tokens); the winner is accepted or replaced;
@@ -25,13 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-from replica.sampler import MAX_CHAIN, SamplingTensors, top_k_of_rows
+from replica.sampler import MAX_CHAIN, SamplingTensors
 from replica.triton_noise import _gumbel, _row_setup
+from replica.triton_top_k import launch_top_k
 
 BLOCK = 1024  # vocabulary ids per loop iteration of one program
 NUM_WARPS = 4
 PARALLEL_LINKS = 2  # chain checks spread over the whole GPU before the one-program tail
-FAST_TOP_K = 128  # rows with top_k below this are decided from their top 128 tokens
 TARGET_PROGRAMS = 528  # about four per multiprocessor of an H200
 
 
@@ -220,38 +219,6 @@ def _chain_tail(
     tl.store(out_ptr + row, winner.to(tl.int64))
 
 
-@triton.jit
-def _top_k_draw(
-    values_ptr, ids_ptr, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, pos_ptr, top_ptr,
-    total_ptr, pending_ptr, out_ptr, K: tl.constexpr,
-):  # fmt: skip
-    """A pending row with 1 < top_k < K: the race over the row's K most likely tokens (sorted, best
-    first) holds the whole allowed set, so one small program decides it. A tie group reaching past
-    the K-th token leaves the row to the chain."""
-    row = tl.program_id(0).to(tl.int64)
-    k = tl.load(top_k_ptr + row)
-    if (tl.load(pending_ptr + row) == 0) | (k <= 1) | (k >= K):
-        return
-    _sampled, t, row_key = _row_setup(row, temp_ptr, top_k_ptr, seed_ptr, pos_ptr)
-    j = tl.arange(0, K)
-    x = tl.load(values_ptr + row * K + j)
-    ids = tl.load(ids_ptr + row * K + j).to(tl.int32)
-    v = tl.where(x == x, x, float("-inf")) / t
-    top = tl.load(top_ptr + row)
-    greater = v[None, :] > v[:, None]  # [j, i]: token i strictly more likely than token j
-    count = tl.sum(greater.to(tl.int32), axis=1)
-    mass = tl.sum(tl.where(greater, tl.exp(v[None, :] - top), 0.0), axis=1)
-    last_count = tl.sum(tl.where(j == K - 1, count, 0), axis=0)
-    if last_count >= k:
-        floor = _floor(top, min_p_ptr, row)
-        total = tl.load(total_ptr + row)
-        allowed = (count < k) & (mass < tl.load(top_p_ptr + row) * total) & (v >= floor) & (v > float("-inf"))
-        key = tl.where(allowed, v + _gumbel(row_key, ids), float("-inf"))
-        _, winner = _argmax_lanes(key, ids, vocab)
-        tl.store(out_ptr + row, tl.minimum(winner, vocab - 1).to(tl.int64))
-        tl.store(pending_ptr + row, 0)
-
-
 def sample_rows(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """The kernels over float32 logits [S, vocab] (contiguous rows)."""
     rows, vocab = logits.shape
@@ -280,11 +247,7 @@ def sample_rows(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
         part_max, part_total, part_key, part_id, splits, vocab, p.temperature, p.top_k, p.top_p, p.min_p, top,
         total, pending, out, SPLITS=width,
     )  # fmt: skip
-    if vocab > FAST_TOP_K:
-        values, ids = top_k_of_rows(logits, FAST_TOP_K)
-        _top_k_draw[(rows,)](
-            values, ids, vocab, *row_args, top, total, pending, out, K=FAST_TOP_K, num_warps=8
-        )
+    launch_top_k(logits, span, splits, params, top, total, pending, out)
     parts = (part_count, part_mass, part_key, part_id)
     for _ in range(PARALLEL_LINKS):
         _check_kernel[grid](

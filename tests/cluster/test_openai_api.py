@@ -100,7 +100,12 @@ def test_over_long_prompt_is_400(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        {"prompt": "x", "n": 2},
+        {"prompt": "x", "n": 99},
+        {"prompt": "x", "logprobs": 21},
+        {"prompt": "x", "logit_bias": {"99999999": 1}},
+        {"prompt": "x", "logit_bias": {"5": 101}},
+        {"prompt": "x", "top_k": -2},
+        {"prompt": "x", "min_tokens": 50, "max_tokens": 10},
         {"prompt": "x", "temperature": -1},
         {"prompt": [10**9]},
         {"prompt": ""},

@@ -20,7 +20,10 @@ from tenancy import FairQueue, MemoryQuotaStore, QuotaManager, default_tenancy_c
 
 
 def _item(text: str, n: int, finish: str | None = None) -> dict:
-    return {"text": text, "finish_reason": finish, "num_prompt_tokens": 3, "num_output_tokens": n}
+    return {
+        "text": text, "finish_reason": finish, "num_prompt_tokens": 3, "num_output_tokens": n, "index": 0,
+        "token_ids": [1] * len(text), "total_output_tokens": n, "done": finish is not None,
+    }  # fmt: skip
 
 
 async def _pieces(items: list[dict], include_usage: bool, pulled: list[int]) -> list[bytes]:

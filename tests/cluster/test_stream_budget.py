@@ -29,7 +29,10 @@ class _Stream:
     """One replica stream that ends at once: a single finished item."""
 
     def __init__(self) -> None:
-        self._items = [{"token_ids": [7], "num_output_tokens": 1, "finish_reason": "length", "text": "x"}]
+        self._items = [
+            {"token_ids": [7], "num_output_tokens": 1, "finish_reason": "length", "text": "x", "index": 0}
+            | {"total_output_tokens": 1, "done": True}
+        ]
 
     def __aiter__(self) -> _Stream:
         return self

@@ -57,6 +57,9 @@ def _item(n: int, finish: str | None = None) -> dict:
         "finish_reason": finish,
         "num_prompt_tokens": 3,
         "num_output_tokens": n,
+        "index": 0,
+        "total_output_tokens": n,
+        "done": finish is not None,
         "replica_id": "r",
     }
 

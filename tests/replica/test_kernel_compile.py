@@ -151,7 +151,12 @@ def test_sampler_kernels_compile_with_32_bit_noise():
     tail = build(ts._chain_tail, dict(LINKS=62, BLOCK=4096), warps=16)
     for combine in (ts._race_combine, ts._check_combine):
         assert "st.global" in build(combine, dict(SPLITS=16)).asm["ptx"]
-    assert "st.global" in build(ts._top_k_draw, dict(K=ts.FAST_TOP_K), warps=8).asm["ptx"]
+    from replica import triton_top_k as tk
+
+    ptrs |= {"cand_ptr": "*i64"}
+    candidates = build(tk._top_k_candidates, dict(K=tk.K, CHUNK=tk.CHUNK), warps=8)
+    draw = build(tk._top_k_draw, dict(K=tk.K, SPLITS=16), warps=8)
+    assert "st.global" in candidates.asm["ptx"] and "st.global" in draw.asm["ptx"]
     for kernel in (race, check, tail):
         ptx = kernel.asm["ptx"]
         # The hash stays in 32-bit integers: 64-bit multiplies only for the row's address.
