@@ -18,11 +18,14 @@ from loadtest.records import RequestRecord
 Clock = Callable[[], float]
 
 
-def request_body(endpoint: str, model: str, prompt: str, max_tokens: int) -> dict:
+def request_body(
+    endpoint: str, model: str, prompt: str, max_tokens: int, sampling: dict | None = None
+) -> dict:
+    """A streamed request; `sampling` (temperature, top_p, seed, ...) defaults to greedy."""
     body: dict = {
         "model": model,
         "max_tokens": max_tokens,
-        "temperature": 0.0,
+        **(sampling if sampling is not None else {"temperature": 0.0}),
         "stream": True,
         "stream_options": {"include_usage": True},
     }

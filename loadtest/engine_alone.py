@@ -44,7 +44,9 @@ class EngineAloneRun:
         started = time.time()
         self._clock = monotonic_since(time.monotonic())
         workers = [
-            asyncio.create_task(self._worker(load, ClosedLoopSource(load, self.s.seed + w)))
+            asyncio.create_task(
+                self._worker(load, ClosedLoopSource(load, self.s.seed + w, self.s.sampling_of(load)))
+            )
             for load in self.s.tenants
             if load.concurrency
             for w in range(load.concurrency)
@@ -79,7 +81,7 @@ class EngineAloneRun:
             warmup=now < self.s.warmup_s,
         )
         self.records.append(record)
-        params = SamplingParams(max_tokens=planned.max_tokens, temperature=0.0)
+        params = SamplingParams(max_tokens=planned.max_tokens, **planned.sampling)
         try:
             async for out in self.engine.generate(self._prompt_ids(planned.prompt), params):
                 t = self._clock()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from loadtest.arrivals import arrival_times
 from loadtest.prompts import draw_output, draw_prompt
+from loadtest.sampling_mix import GREEDY, sampling_mix, sampling_rng
 from loadtest.scenario import Scenario, TenantLoad
 
 
@@ -21,6 +22,7 @@ class PlannedRequest:
     at: float | None
     prompt: str
     max_tokens: int
+    sampling: dict = field(default_factory=lambda: dict(GREEDY))  # temperature etc. (sampling_mix.py)
 
 
 def tenant_rng(seed: int, tenant_id: str) -> np.random.Generator:
@@ -28,20 +30,37 @@ def tenant_rng(seed: int, tenant_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(tenant_id.encode())])
 
 
-def open_loop_plan(load: TenantLoad, duration_s: float, rng: np.random.Generator) -> list[PlannedRequest]:
+def open_loop_plan(
+    load: TenantLoad, duration_s: float, rng: np.random.Generator, mix: SamplingDraw | None = None
+) -> list[PlannedRequest]:
     times = arrival_times(load.rate or 0.0, load.arrival, duration_s, rng)
+    mix = mix or SamplingDraw("greedy", rng)
     return [
-        PlannedRequest(i, load.id, float(t), draw_prompt(load.prompt, rng), draw_output(load.output, rng))
+        PlannedRequest(
+            i, load.id, float(t), draw_prompt(load.prompt, rng), draw_output(load.output, rng), mix.next()
+        )
         for i, t in enumerate(times)
     ]
+
+
+class SamplingDraw:
+    """A tenant's sampling settings, request after request: the mix, or greedy when pinned."""
+
+    def __init__(self, sampling: str, rng: np.random.Generator) -> None:
+        self._mix = sampling == "mix"
+        self._rng = rng
+
+    def next(self) -> dict:
+        return sampling_mix(self._rng) if self._mix else dict(GREEDY)
 
 
 class ClosedLoopSource:
     """Endless requests for a closed-loop tenant, drawn lazily from its own generator."""
 
-    def __init__(self, load: TenantLoad, seed: int) -> None:
+    def __init__(self, load: TenantLoad, seed: int, sampling: str = "greedy") -> None:
         self.load = load
         self._rng = tenant_rng(seed, load.id)
+        self._mix = SamplingDraw(sampling, sampling_rng(seed, load.id))
         self._next = 0
 
     def next(self) -> PlannedRequest:
@@ -52,6 +71,7 @@ class ClosedLoopSource:
             None,
             draw_prompt(self.load.prompt, self._rng),
             draw_output(self.load.output, self._rng),
+            self._mix.next(),
         )
 
 
@@ -60,5 +80,6 @@ def build_open_plan(scenario: Scenario) -> list[PlannedRequest]:
     plan: list[PlannedRequest] = []
     for load in scenario.tenants:
         if load.rate is not None:
-            plan.extend(open_loop_plan(load, scenario.duration_s, tenant_rng(scenario.seed, load.id)))
+            mix = SamplingDraw(scenario.sampling_of(load), sampling_rng(scenario.seed, load.id))
+            plan.extend(open_loop_plan(load, scenario.duration_s, tenant_rng(scenario.seed, load.id), mix))
     return sorted(plan, key=lambda p: (p.at, p.tenant))

@@ -81,7 +81,11 @@ class Runner:
     async def _drive(self, client: httpx.AsyncClient, progress: Progress | None) -> None:
         tasks: set[asyncio.Task] = set()
         workers = [
-            asyncio.create_task(self._closed_worker(client, load, ClosedLoopSource(load, self.s.seed + w)))
+            asyncio.create_task(
+                self._closed_worker(
+                    client, load, ClosedLoopSource(load, self.s.seed + w, self.s.sampling_of(load))
+                )
+            )
             for load in self.s.tenants
             if load.concurrency
             for w in range(load.concurrency)
@@ -132,7 +136,9 @@ class Runner:
             warmup=scheduled < self.s.warmup_s,
         )
         self.records.append(record)  # appended first so a cancelled request is still reported
-        body = request_body(self.s.endpoint, self.s.model, planned.prompt, planned.max_tokens)
+        body = request_body(
+            self.s.endpoint, self.s.model, planned.prompt, planned.max_tokens, planned.sampling
+        )
         headers = {"Authorization": f"Bearer {load.api_key}"}
         try:
             async with self._sem:

@@ -71,6 +71,9 @@ class TenantLoad(_Strict):
     arrival: Arrival = Field(default_factory=Arrival, description="Arrival process for rate mode.")
     prompt: PromptLength = Field(default_factory=BundledPrompts, description="Prompt lengths (words).")
     output: OutputLength = Field(default_factory=lambda: FixedLength(tokens=32), description="max_tokens.")
+    sampling: Literal["mix", "greedy"] | None = Field(
+        default=None, description="This tenant's sampling; None = the scenario's."
+    )
 
     @model_validator(mode="after")
     def _one_mode(self) -> TenantLoad:
@@ -94,6 +97,10 @@ class Scenario(_Strict):
     request_timeout_s: float = Field(default=120.0, gt=0, description="One request's bound, end to end.")
     drain_timeout_s: float = Field(default=60.0, ge=0, description="Wait after duration before cancelling.")
     gpu_dollars_per_hour: float = Field(default=5.0, ge=0, description="Price of one replica-hour.")
+    sampling: Literal["mix", "greedy"] = Field(
+        default="mix",
+        description="Requests' sampling: the realistic mix (loadtest/sampling_mix.py) or all greedy.",
+    )
     sla_classes: tuple[SLAClass, ...] | None = Field(
         default=None, description="SLA targets; None = the tenancy default classes."
     )
@@ -115,6 +122,9 @@ class Scenario(_Strict):
     @property
     def classes(self) -> tuple[SLAClass, ...]:
         return self.sla_classes or default_tenancy_config().sla_classes
+
+    def sampling_of(self, load: TenantLoad) -> str:
+        return load.sampling or self.sampling
 
     def class_of(self, tenant_id: str) -> SLAClass:
         tenant = next(t for t in self.tenants if t.id == tenant_id)

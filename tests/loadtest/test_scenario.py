@@ -64,3 +64,24 @@ def test_scaled_multiplies_load_and_keeps_warmup_share() -> None:
     assert by_id["carol"].concurrency == 1  # ceil(1 × 0.5), never 0
     with pytest.raises(ValueError):
         s.scaled(0)
+
+
+def test_requests_carry_the_sampling_mix_unless_greedy_is_pinned() -> None:
+    from loadtest.client import request_body
+    from loadtest.plan import ClosedLoopSource
+
+    scenario = load_scenario("steady")
+    assert scenario.sampling == "mix"
+    plan = build_open_plan(scenario.scaled(4.0))
+    sampled = [p for p in plan if p.sampling["temperature"] > 0]
+    assert 0.7 < len(sampled) / len(plan) < 0.9  # 80% sampled, 20% greedy
+    assert all(0.6 <= p.sampling["temperature"] <= 1.0 and "seed" in p.sampling for p in sampled)
+    assert any("top_k" in p.sampling for p in sampled) and any("min_p" in p.sampling for p in sampled)
+    assert build_open_plan(scenario.scaled(4.0)) == plan  # the same seed, the same draws
+    body = request_body("chat", "m", "hi", 8, sampled[0].sampling)
+    assert body["temperature"] == sampled[0].sampling["temperature"] and body["stream"]
+    greedy = Scenario.model_validate(scenario.model_dump() | {"sampling": "greedy"})
+    assert all(p.sampling == {"temperature": 0.0} for p in build_open_plan(greedy))
+    pinned = greedy.tenants[0].model_copy(update={"sampling": "mix"})
+    draws = [ClosedLoopSource(pinned, 1, greedy.sampling_of(pinned)).next().sampling for _ in range(1)]
+    assert greedy.sampling_of(pinned) == "mix" and draws

@@ -1,21 +1,20 @@
 """The engine under realistic traffic: Poisson arrivals over a ladder of rates, lognormal lengths, and
 a sampling mix like real API traffic, beside the same trace all-greedy, in one run on one engine.
 
-    python -m replica.bench_trace --model llama-3.1-8b --random-weights --device cuda \\
+    python -m bench.engine_trace --model llama-3.1-8b --random-weights --device cuda \\
         --requests 600 --rates 10,20,40,inf --json out.json
 
 The trace (fixed by --seed): request i arrives at the i-th event of a Poisson process of the rate
 ("inf": all at once, the saturation point); its prompt has lognormal length (median
 --prompt-median, log-sd --prompt-sigma, clipped to [16, --prompt-max]) and it generates a
 lognormal number of tokens (median --output-median, log-sd --output-sigma, clipped to [8,
---output-max]) with EOS ignored, so both mixes do the same work. The sampling mix (`mixed`): 20%
-greedy; 80% sampled at temperature U(0.6, 1.0) with top-p U(0.9, 1.0), of which a quarter also
-take top-k from {20, 50, 100}, a fifth a penalty (frequency, presence or repetition) and a tenth
-min-p 0.05; every sampled request has its own seed. `greedy` sends the same trace at temperature 0.
+--output-max]) with EOS ignored, so both mixes do the same work. The sampling mix (`mixed`) is the
+load generator's (loadtest/sampling_mix.py: 20% greedy, 80% tempered with top-p, some top-k,
+penalties and min-p, each with its own seed); `greedy` sends the same trace at temperature 0.
 
 Per run it reports output tokens/s, request throughput, and TTFT, TPOT ((E2E - TTFT) / (tokens - 1))
 and ITL (the gap between consecutive tokens) at p50 and p99, as `vllm bench serve` defines them,
-plus the engine's share of graphed steps. Runs with torch, transformers and numpy alone.
+plus the engine's share of graphed steps. Needs torch, transformers and numpy only (the GPU image).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from loadtest.sampling_mix import sampling_mix
 from replica.config import EngineConfig
 from replica.engine import Engine
 from replica.sampling_params import SamplingParams
@@ -45,30 +45,6 @@ class TraceRequest:
     mixed: dict  # sampling fields of the mixed run (the greedy run uses temperature 0)
 
 
-def sampling_mix(rng: np.random.Generator, seed: int) -> dict:
-    """One request's sampling fields, drawn as the module docstring says."""
-    if rng.random() < 0.2:
-        return {"temperature": 0.0}
-    fields = {
-        "temperature": float(rng.uniform(0.6, 1.0)),
-        "top_p": float(rng.uniform(0.9, 1.0)),
-        "seed": seed,
-    }
-    if rng.random() < 0.25:
-        fields["top_k"] = int(rng.choice([20, 50, 100]))
-    if rng.random() < 0.2:
-        kind = rng.integers(3)
-        if kind == 0:
-            fields["frequency_penalty"] = float(rng.uniform(0.1, 0.5))
-        elif kind == 1:
-            fields["presence_penalty"] = float(rng.uniform(0.1, 0.5))
-        else:
-            fields["repetition_penalty"] = float(rng.uniform(1.05, 1.2))
-    if rng.random() < 0.1:
-        fields["min_p"] = 0.05
-    return fields
-
-
 def make_trace(args, vocab: int, rate: float) -> list[TraceRequest]:
     rng = np.random.default_rng(args.seed)  # the same lengths and mix at every rate
     n = args.requests
@@ -78,7 +54,7 @@ def make_trace(args, vocab: int, rate: float) -> list[TraceRequest]:
     output_lens = np.clip(
         args.output_median * np.exp(args.output_sigma * rng.standard_normal(n)), 8, args.output_max
     )
-    mixes = [sampling_mix(rng, int(rng.integers(2**31))) for _ in range(n)]
+    mixes = [sampling_mix(rng) for _ in range(n)]
     prompts = [rng.integers(100, vocab - 100, size=int(length)).tolist() for length in prompt_lens]
     gaps = np.zeros(n) if math.isinf(rate) else rng.exponential(1.0 / rate, size=n)
     arrivals = np.cumsum(gaps) - gaps[0]
