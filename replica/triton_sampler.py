@@ -8,8 +8,8 @@ make the pass compute-heavy as well as memory-heavy). Launches, all of fixed sha
    (for a greedy row, the argmax) over its span, kept per lane and reduced once at the end;
 2. `_race_combine` (rows): the row's maximum, normaliser and winner; rows with top-k, top-p or
    min-p are marked pending;
-3. the top-k path (replica/triton_top_k.py): a pending row with a top-k below 128 is decided from
-   its 128 most likely tokens, which hold its whole allowed set;
+3. for pending top-k rows, the k-th largest logit by a radix select (replica/triton_top_k.py): the
+   row's floor, below which the chain does not look;
 4. `_check_kernel` + `_check_combine`, twice: for pending rows, how many tokens are strictly more
    likely than the winner, their mass and the total mass, and the next link of the chain (the
    race's winner among those more likely tokens); the winner is accepted or replaced;
@@ -26,7 +26,7 @@ import triton.language as tl
 
 from replica.sampler import MAX_CHAIN, SamplingTensors
 from replica.triton_noise import _gumbel, _row_setup
-from replica.triton_top_k import launch_top_k
+from replica.triton_top_k import top_k_floor
 
 BLOCK = 1024  # vocabulary ids per loop iteration of one program
 NUM_WARPS = 4
@@ -131,15 +131,17 @@ def _check_span(base, lo, hi, vocab, t, top, at, floor, row_key, BLOCK: tl.const
 
 
 @triton.jit
-def _floor(top, min_p_ptr, row):
+def _floor(top, min_p_ptr, k_floor_ptr, row):
+    """The lowest v a token may have: min-p's, and a top-k row's k-th largest (replica/triton_top_k.py)."""
     min_p = tl.load(min_p_ptr + row)
-    return tl.where(min_p > 0.0, top + tl.log(min_p), float("-inf"))
+    return tl.maximum(tl.where(min_p > 0.0, top + tl.log(min_p), float("-inf")), tl.load(k_floor_ptr + row))
 
 
 @triton.jit
 def _check_kernel(
-    logits_ptr, stride, vocab, span, temp_ptr, top_k_ptr, seed_ptr, pos_ptr, min_p_ptr, top_ptr, pending_ptr,
-    out_ptr, part_count_ptr, part_mass_ptr, part_key_ptr, part_id_ptr, splits, BLOCK: tl.constexpr,
+    logits_ptr, stride, vocab, span, temp_ptr, top_k_ptr, seed_ptr, pos_ptr, min_p_ptr, k_floor_ptr,
+    top_ptr, pending_ptr, out_ptr, part_count_ptr, part_mass_ptr, part_key_ptr, part_id_ptr, splits,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     if tl.load(pending_ptr + row) == 0:
@@ -151,7 +153,16 @@ def _check_kernel(
     at = tl.load(base + tl.load(out_ptr + row)).to(tl.float32) / t
     lo = split * span
     count, mass, key, index = _check_span(
-        base, lo, tl.minimum(lo + span, vocab), vocab, t, top, at, _floor(top, min_p_ptr, row), row_key, BLOCK
+        base,
+        lo,
+        tl.minimum(lo + span, vocab),
+        vocab,
+        t,
+        top,
+        at,
+        _floor(top, min_p_ptr, k_floor_ptr, row),
+        row_key,
+        BLOCK,
     )
     slot = row * splits + split
     tl.store(part_count_ptr + slot, count)
@@ -169,8 +180,9 @@ def _rejected(at, floor, count, mass, total, top_k_ptr, top_p_ptr, row, vocab):
 
 @triton.jit
 def _check_combine(
-    logits_ptr, stride, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, top_ptr, total_ptr, pending_ptr,
-    out_ptr, part_count_ptr, part_mass_ptr, part_key_ptr, part_id_ptr, splits, SPLITS: tl.constexpr,
+    logits_ptr, stride, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, k_floor_ptr, top_ptr, total_ptr,
+    pending_ptr, out_ptr, part_count_ptr, part_mass_ptr, part_key_ptr, part_id_ptr, splits,
+    SPLITS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     if tl.load(pending_ptr + row) == 0:
@@ -187,7 +199,8 @@ def _check_combine(
     winner = tl.load(out_ptr + row)
     at = tl.load(logits_ptr + row * stride + winner).to(tl.float32) / t
     top = tl.load(top_ptr + row)
-    if _rejected(at, _floor(top, min_p_ptr, row), count, mass, total, top_k_ptr, top_p_ptr, row, vocab):
+    floor = _floor(top, min_p_ptr, k_floor_ptr, row)
+    if _rejected(at, floor, count, mass, total, top_k_ptr, top_p_ptr, row, vocab):
         tl.store(out_ptr + row, tl.minimum(next_id, vocab - 1).to(tl.int64))
     else:
         tl.store(pending_ptr + row, 0)
@@ -195,8 +208,8 @@ def _check_combine(
 
 @triton.jit
 def _chain_tail(
-    logits_ptr, stride, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, pos_ptr, top_ptr,
-    total_ptr, pending_ptr, out_ptr, LINKS: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr, stride, vocab, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, k_floor_ptr, seed_ptr, pos_ptr,
+    top_ptr, total_ptr, pending_ptr, out_ptr, LINKS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     pending = tl.load(pending_ptr + row) != 0
@@ -204,7 +217,7 @@ def _chain_tail(
     _sampled, t, row_key = _row_setup(row, temp_ptr, top_k_ptr, seed_ptr, pos_ptr)
     top = tl.load(top_ptr + row)
     total = tl.load(total_ptr + row)
-    floor = _floor(top, min_p_ptr, row)
+    floor = _floor(top, min_p_ptr, k_floor_ptr, row)
     winner = tl.load(out_ptr + row).to(tl.int32)
     links = 0
     while pending:
@@ -238,7 +251,6 @@ def sample_rows(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     pending = torch.empty(rows, **i32)
     p = params
     grid = (rows, splits)
-    row_args = (p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.position)
     _race_kernel[grid](
         logits, logits.stride(0), vocab, span, p.temperature, p.top_k, p.seed, p.position, part_max,
         part_total, part_key, part_id, splits, BLOCK=BLOCK, num_warps=NUM_WARPS,
@@ -247,19 +259,19 @@ def sample_rows(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
         part_max, part_total, part_key, part_id, splits, vocab, p.temperature, p.top_k, p.top_p, p.min_p, top,
         total, pending, out, SPLITS=width,
     )  # fmt: skip
-    launch_top_k(logits, span, splits, params, top, total, pending, out)
+    k_floor = top_k_floor(logits, span, splits, params, pending)
     parts = (part_count, part_mass, part_key, part_id)
     for _ in range(PARALLEL_LINKS):
         _check_kernel[grid](
-            logits, logits.stride(0), vocab, span, p.temperature, p.top_k, p.seed, p.position, p.min_p, top,
-            pending, out, *parts, splits, BLOCK=BLOCK, num_warps=NUM_WARPS,
+            logits, logits.stride(0), vocab, span, p.temperature, p.top_k, p.seed, p.position, p.min_p,
+            k_floor, top, pending, out, *parts, splits, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
         _check_combine[(rows,)](
-            logits, logits.stride(0), vocab, p.temperature, p.top_k, p.top_p, p.min_p, top, total, pending,
-            out, *parts, splits, SPLITS=width,
+            logits, logits.stride(0), vocab, p.temperature, p.top_k, p.top_p, p.min_p, k_floor, top, total,
+            pending, out, *parts, splits, SPLITS=width,
         )  # fmt: skip
     _chain_tail[(rows,)](
-        logits, logits.stride(0), vocab, *row_args[:4], p.seed, p.position, top, total, pending, out,
-        LINKS=MAX_CHAIN - PARALLEL_LINKS, BLOCK=4096, num_warps=16,
+        logits, logits.stride(0), vocab, p.temperature, p.top_k, p.top_p, p.min_p, k_floor, p.seed,
+        p.position, top, total, pending, out, LINKS=MAX_CHAIN - PARALLEL_LINKS, BLOCK=4096, num_warps=16,
     )  # fmt: skip
     return out

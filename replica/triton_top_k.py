@@ -1,15 +1,14 @@
-"""The sampler's top-k path on CUDA: a pending row with 1 < top_k < K is decided from its K most
-likely tokens, which hold its whole allowed set, in two launches that cost only such rows.
+"""The sampler's top-k threshold on CUDA: the k-th largest logit of each pending top-k row, exactly,
+by a radix select over the logits' order-preserving 32-bit keys, a byte at a time from the top.
 
-1. `_top_k_candidates` (rows x splits): each split keeps the K largest of its span, as int64 keys
-   that pack the logit's order-preserving bits over the token id (ties: the lower id first);
-2. `_top_k_draw` (rows): the row's K largest keys out of its splits', then, over those tokens, how
-   many are strictly more likely and their mass (a K x K comparison), the joint filter, and the race.
-
-A tie group reaching past the K-th token (the K-th token's count of more likely tokens is below
-top_k) could hide allowed tokens: such a row stays pending for the chain. Rows without top-k leave
-at once, so a step without top-k pays two empty launches. (The chain needs about log2(vocab / k)
-links on a flat row: 670 µs at 32 rows of 128k ids on the H200; torch's topk of 128 cost 150 µs.)
+Each of the four rounds is `_radix_pass` (rows x splits: each split's 256-bin histogram of the
+round's byte, among the tokens whose higher bytes match the prefix found so far) and
+`_radix_combine` (rows: the bin where the count from the top reaches what is left of k). After the
+last round the prefix is the k-th largest key; the row's floor becomes that logit over T. A token
+at or above it has fewer than k tokens strictly above it, so the chain (replica/triton_sampler.py)
+looks only there and converges as for top-p: the top-k check costs four row reads, not the
+log2(vocab / k) links of the chain on a flat row (670 µs at 32 rows of 128k ids on the H200).
+Rows without top-k leave every launch at once.
 """
 
 from __future__ import annotations
@@ -18,95 +17,96 @@ import torch
 import triton
 import triton.language as tl
 
-from replica.triton_noise import _gumbel, _row_setup
+from replica.triton_noise import _u32
 
-K = 128
-CHUNK = 2048
-_LOWEST = tl.constexpr(-9223372036854775807)  # below every packed key
-
-
-@triton.jit
-def _packed(x, ids):
-    """int64 keys ordered as the float32 values, then by lower id: bits of x (negatives flipped)
-    above 0x7FFFFFFF - id."""
-    bits = x.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - ids).to(tl.int64)
+BLOCK = 1024
+BINS = 256
 
 
 @triton.jit
-def _wants_top_k(row, top_k_ptr, pending_ptr, K: tl.constexpr):
+def _key(x):
+    """uint32 keys in the order of the float32 values (NaN reads as -inf, below every real value)."""
+    x = tl.where(x == x, x, float("-inf"))
+    bits = x.to(tl.uint32, bitcast=True)
+    negative = (bits >> 31) != 0
+    return tl.where(negative, bits ^ _u32(0xFFFFFFFF), bits | _u32(0x80000000))
+
+
+@triton.jit
+def _wants(row, top_k_ptr, temp_ptr, pending_ptr, vocab):
     k = tl.load(top_k_ptr + row)
-    return (tl.load(pending_ptr + row) != 0) & (k > 1) & (k < K)
+    sampled = tl.load(temp_ptr + row) != 0.0
+    return (tl.load(pending_ptr + row) != 0) & sampled & (k > 1) & (k < vocab)
 
 
 @triton.jit
-def _top_k_candidates(
-    logits_ptr, stride, vocab, span, top_k_ptr, pending_ptr, cand_ptr, splits, K: tl.constexpr,
-    CHUNK: tl.constexpr,
+def _radix_pass(
+    logits_ptr, stride, vocab, span, top_k_ptr, temp_ptr, pending_ptr, prefix_ptr, hist_ptr, splits,
+    SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
-    if _wants_top_k(row, top_k_ptr, pending_ptr, K) == 0:
+    if _wants(row, top_k_ptr, temp_ptr, pending_ptr, vocab) == 0:
         return
     split = tl.program_id(1)
-    base = logits_ptr + row * stride
-    best = tl.full([K], _LOWEST, tl.int64)
+    prefix = tl.load(prefix_ptr + row).to(tl.uint32)
+    counts = tl.zeros([BINS], tl.int32)
     lo = split * span
     hi = tl.minimum(lo + span, vocab)
-    for start in range(lo, hi, CHUNK):
-        ids = start + tl.arange(0, CHUNK)
-        x = tl.load(base + ids, mask=ids < hi, other=float("-inf"))
-        x = tl.where(x == x, x, float("-inf"))
-        keys = tl.where(ids < hi, _packed(x, ids), _LOWEST)
-        best = tl.topk(tl.cat(best, tl.topk(keys, K), can_reorder=True), K)
-    tl.store(cand_ptr + (row * splits + split) * K + tl.arange(0, K), best)
+    for start in range(lo, hi, BLOCK):
+        ids = start + tl.arange(0, BLOCK)
+        key = _key(tl.load(logits_ptr + row * stride + ids, mask=ids < hi, other=float("-inf")))
+        match = ids < hi
+        if SHIFT < 24:
+            match = match & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+        counts += tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), BINS, mask=match)
+    tl.store(hist_ptr + (row * splits + split) * BINS + tl.arange(0, BINS), counts)
 
 
 @triton.jit
-def _top_k_draw(
-    logits_ptr, stride, vocab, cand_ptr, splits, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, pos_ptr,
-    top_ptr, total_ptr, pending_ptr, out_ptr, K: tl.constexpr, SPLITS: tl.constexpr,
+def _radix_combine(
+    hist_ptr, splits, vocab, top_k_ptr, temp_ptr, pending_ptr, prefix_ptr, left_ptr, floor_ptr,
+    SHIFT: tl.constexpr, SPLITS: tl.constexpr, BINS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
-    if _wants_top_k(row, top_k_ptr, pending_ptr, K) == 0:
+    if _wants(row, top_k_ptr, temp_ptr, pending_ptr, vocab) == 0:
         return
-    at = tl.arange(0, SPLITS * K)
-    keys = tl.load(cand_ptr + row * splits * K + at, mask=at < splits * K, other=_LOWEST)
-    best = tl.topk(keys, K)  # best first
-    ids = (0x7FFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)
-    real = (best != _LOWEST) & (ids < vocab)
-    _sampled, t, row_key = _row_setup(row, temp_ptr, top_k_ptr, seed_ptr, pos_ptr)
-    x = tl.load(logits_ptr + row * stride + ids, mask=real, other=float("-inf"))
-    v = tl.where(x == x, x, float("-inf")) / t
-    top = tl.load(top_ptr + row)
-    greater = v[None, :] > v[:, None]  # [j, i]: token i strictly more likely than token j
-    count = tl.sum(greater.to(tl.int32), axis=1)
-    mass = tl.sum(tl.where(greater, tl.exp(v[None, :] - top), 0.0), axis=1)
-    k = tl.load(top_k_ptr + row)
-    last_count = tl.sum(tl.where(tl.arange(0, K) == K - 1, count, 0), axis=0)
-    if last_count >= k:  # the allowed set lies inside these K tokens
-        min_p = tl.load(min_p_ptr + row)
-        floor = tl.where(min_p > 0.0, top + tl.log(min_p), float("-inf"))
-        top_p_mass = tl.load(top_p_ptr + row) * tl.load(total_ptr + row)
-        allowed = (count < k) & (mass < top_p_mass) & (v >= floor) & (v > float("-inf"))
-        race = tl.where(allowed, v + _gumbel(row_key, ids), float("-inf"))
-        best_key = tl.max(race, axis=0)
-        winner = tl.min(tl.where(race == best_key, ids, vocab), axis=0)
-        tl.store(out_ptr + row, tl.minimum(winner, vocab - 1).to(tl.int64))
-        tl.store(pending_ptr + row, 0)
+    s = tl.arange(0, SPLITS)
+    b = tl.arange(0, BINS)
+    at = (row * splits + s[:, None]) * BINS + b[None, :]
+    counts = tl.sum(tl.load(hist_ptr + at, mask=(s < splits)[:, None], other=0), axis=0)
+    left = tl.load(left_ptr + row)
+    # The k-th largest (the `left`-th among this prefix's tokens) lies in the bin with fewer than
+    # `left` tokens in the bins above it and at least `left` counting its own.
+    above = tl.sum(tl.where(b[None, :] > b[:, None], counts[None, :], 0), axis=1)
+    fits = (above < left) & (above + counts >= left)
+    chosen = tl.max(tl.where(fits, b, -1), axis=0)
+    chosen = tl.where(chosen < 0, 0, chosen)
+    left = left - tl.sum(tl.where(b == chosen, above, 0), axis=0)
+    prefix = tl.load(prefix_ptr + row).to(tl.uint32) | (chosen.to(tl.uint32) << SHIFT)
+    tl.store(prefix_ptr + row, prefix.to(tl.int64))
+    tl.store(left_ptr + row, left)
+    if SHIFT == 0:  # the k-th largest key: back to its logit, over T
+        bits = tl.where((prefix >> 31) != 0, prefix & 0x7FFFFFFF, prefix ^ _u32(0xFFFFFFFF))
+        x = bits.to(tl.float32, bitcast=True)
+        tl.store(floor_ptr + row, x / tl.load(temp_ptr + row))
 
 
-def launch_top_k(logits, span: int, splits: int, params, top, total, pending, out) -> None:
-    """Decide the pending top-k rows (the module docstring); the others are left as they are."""
+def top_k_floor(logits: torch.Tensor, span: int, splits: int, params, pending: torch.Tensor) -> torch.Tensor:
+    """Per row: the k-th largest logit over T for pending top-k rows, -inf for the others."""
     rows, vocab = logits.shape
-    if vocab <= K:
-        return
-    cand = torch.empty((rows, splits, K), dtype=torch.int64, device=logits.device)
+    dev = logits.device
+    floor = torch.full((rows,), float("-inf"), dtype=torch.float32, device=dev)
+    prefix = torch.zeros(rows, dtype=torch.int64, device=dev)
+    left = params.top_k.to(torch.int32)
+    hist = torch.empty((rows, splits, BINS), dtype=torch.int32, device=dev)
     p = params
-    _top_k_candidates[(rows, splits)](
-        logits, logits.stride(0), vocab, span, p.top_k, pending, cand, splits, K=K, CHUNK=CHUNK, num_warps=8
-    )
-    _top_k_draw[(rows,)](
-        logits, logits.stride(0), vocab, cand, splits, p.temperature, p.top_k, p.top_p, p.min_p, p.seed,
-        p.position, top, total, pending, out, K=K, SPLITS=triton.next_power_of_2(splits), num_warps=8,
-    )  # fmt: skip
+    for shift in (24, 16, 8, 0):
+        _radix_pass[(rows, splits)](
+            logits, logits.stride(0), vocab, span, p.top_k, p.temperature, pending, prefix, hist, splits,
+            SHIFT=shift, BLOCK=BLOCK, BINS=BINS, num_warps=4,
+        )  # fmt: skip
+        _radix_combine[(rows,)](
+            hist, splits, vocab, p.top_k, p.temperature, pending, prefix, left, floor, SHIFT=shift,
+            SPLITS=triton.next_power_of_2(splits), BINS=BINS, num_warps=4,
+        )  # fmt: skip
+    return floor

@@ -146,6 +146,7 @@ def test_sampler_kernels_compile_with_32_bit_noise():
     def build(fn, constants, warps=ts.NUM_WARPS):
         return compile_for_h200(fn, ptrs | ints, constants, num_warps=warps)
 
+    ptrs |= {"k_floor_ptr": "*fp32"}
     race = build(ts._race_kernel, dict(BLOCK=ts.BLOCK))
     check = build(ts._check_kernel, dict(BLOCK=ts.BLOCK))
     tail = build(ts._chain_tail, dict(LINKS=62, BLOCK=4096), warps=16)
@@ -153,10 +154,12 @@ def test_sampler_kernels_compile_with_32_bit_noise():
         assert "st.global" in build(combine, dict(SPLITS=16)).asm["ptx"]
     from replica import triton_top_k as tk
 
-    ptrs |= {"cand_ptr": "*i64"}
-    candidates = build(tk._top_k_candidates, dict(K=tk.K, CHUNK=tk.CHUNK), warps=8)
-    draw = build(tk._top_k_draw, dict(K=tk.K, SPLITS=16), warps=8)
-    assert "st.global" in candidates.asm["ptx"] and "st.global" in draw.asm["ptx"]
+    ptrs |= {"k_floor_ptr": "*fp32", "prefix_ptr": "*i64", "hist_ptr": "*i32", "left_ptr": "*i32"}
+    ptrs |= {"floor_ptr": "*fp32"}
+    for shift in (24, 0):
+        radix = build(tk._radix_pass, dict(SHIFT=shift, BLOCK=tk.BLOCK, BINS=tk.BINS))
+        combine = build(tk._radix_combine, dict(SHIFT=shift, SPLITS=16, BINS=tk.BINS))
+        assert "st.global" in radix.asm["ptx"] and "st.global" in combine.asm["ptx"]
     for kernel in (race, check, tail):
         ptx = kernel.asm["ptx"]
         # The hash stays in 32-bit integers: 64-bit multiplies only for the row's address.
