@@ -127,6 +127,8 @@ async def run(args) -> dict:
                 key = f"{mix}@{rate_name}"
                 results[key] = await run_trace(engine, trace, mix)
                 print(f"[trace] {key}: {results[key]['output_tokens_per_s']:.0f} tok/s", flush=True)
+                if args.json:  # after every run: a run cut off by its time limit still reports
+                    args.json.write_text(json.dumps(report(args, results), indent=2, default=str))
     finally:
         await engine.stop()
     return report(args, results)

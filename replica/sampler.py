@@ -124,26 +124,3 @@ def mix_seed(seed: int, index: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (x ^ (x >> 31)) & 0xFFFFFFFF
-
-
-def top_k_of_rows(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest of each row, best first, in two rounds: each ~4k-id chunk's top k, then the top k
-    of those (one topk over a 128k row spreads over few blocks: 176 µs at 32 rows on the H200)."""
-    rows, vocab = logits.shape
-    chunks = _chunk_count(vocab, k)
-    if chunks == 1:
-        return logits.topk(k, dim=-1)
-    width = vocab // chunks
-    part = logits.view(rows * chunks, width).topk(k, dim=-1)
-    offsets = torch.arange(chunks, device=logits.device).repeat_interleave(k) * width
-    ids = part.indices.view(rows, chunks * k) + offsets
-    values, at = part.values.view(rows, chunks * k).topk(k, dim=-1)
-    return values, ids.gather(1, at)
-
-
-def _chunk_count(vocab: int, k: int) -> int:
-    """A divisor of the vocabulary giving chunks of 2k-8k ids (1 where none does)."""
-    for chunks in range(max(1, vocab // 4096), vocab // 2048 + 1):
-        if vocab % chunks == 0 and vocab // chunks >= k:
-            return chunks
-    return 1

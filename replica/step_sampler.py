@@ -20,7 +20,7 @@ import torch
 from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
 from replica.penalty_state import PenaltyState
-from replica.sampler import SamplingTensors, sample, top_k_of_rows
+from replica.sampler import SamplingTensors, sample
 from replica.sampling_params import MAX_LOGPROBS
 from replica.step_inputs import PromptLogprobChunk, StepLayout
 
@@ -115,7 +115,7 @@ class StepSampler:
         norm = torch.logsumexp(logits, dim=-1)
         out["logprob"][:rows].copy_(logits.gather(1, tokens[:, None])[:, 0] - norm)
         k = min(MAX_LOGPROBS, self.vocab)
-        values, ids = top_k_of_rows(logits, k)
+        values, ids = logits.topk(k, dim=-1)
         out["top_logprobs"][:rows, :k].copy_(values - norm[:, None])
         out["top_ids"][:rows, :k].copy_(ids)
 
