@@ -157,10 +157,10 @@ def report(args, results: dict[str, dict]) -> dict:
 def print_table(rep: dict) -> None:
     cols = ("output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50",
             "itl_ms_p99", "graphed_fraction")  # fmt: skip
-    print(
-        f"\n{'run':<14}"
-        + "".join(f"{c.replace('_ms', '').replace('output_tokens_per_s', 'tok/s'):>12}" for c in cols)
-    )
+    names = [
+        c.replace("_ms", "").replace("output_tokens_per_s", "tok/s").replace("_fraction", "") for c in cols
+    ]
+    print(f"\n{'run':<14}" + "".join(f"{name:>12}" for name in names))
     for name, r in rep["results"].items():
         print(f"{name:<14}" + "".join(f"{(r.get(c) or 0):>12.2f}" for c in cols))
     for rate, ratio in rep["mixed_vs_greedy"].items():

@@ -15,4 +15,4 @@ has lockstep && bench --model llama-3.1-8b --batch 32 --prompt-len 256 --max-tok
 has smollm2 && bench --model smollm2-135m --batch 32 --prompt-len 256 --max-tokens 512 --modes async,sync \
   --sampling greedy,sampled --repeats 3 --json "$out/smollm2_bs32_sampling.json" | tail -10
 has trace && timeout 480 python3 -m bench.engine_trace --model llama-3.1-8b --random-weights --device cuda \
-  --requests 600 --rates 10,20,inf --json "$out/llama8b_trace.json" | tail -10
+  --requests 500 --rates inf,20,10 --json "$out/llama8b_trace.json" | tail -10
