@@ -147,8 +147,13 @@ class Engine:
         seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex)
         request_id = seqs[0].request_id
         stream: asyncio.Queue = asyncio.Queue()
+        for seq in seqs:  # outputs go to this call's queue, never to a later request of the same id
+            seq.sink = stream
         self._streams[request_id] = stream
         self.core.inbox.put(_Add(seqs, detoks, RequestMetrics(arrival=seqs[0].arrival)))
+        if self.core.crashed is not None:  # the loop stopped before it could take this request
+            self._streams.pop(request_id, None)
+            raise EngineStoppedError(f"the engine loop stopped: {self.core.crashed!r}")
         open_samples = len(seqs)
         try:
             while open_samples:
@@ -159,9 +164,10 @@ class Engine:
                 open_samples -= item.finished
                 yield item
         finally:
-            self._streams.pop(request_id, None)
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
             if open_samples:
-                self.core.inbox.put(_Abort(request_id))
+                self.core.inbox.put(_Abort(request_id, tuple(seqs)))
 
     async def abort(self, request_id: str) -> None:
         if self.core is not None:
@@ -249,9 +255,8 @@ class Engine:
 
     def _deliver(self, batch: list) -> None:
         for seq, item in batch:
-            stream = self._streams.get(seq.request_id)
-            if stream is not None:
-                stream.put_nowait(item)
+            if seq.sink is not None:
+                seq.sink.put_nowait(item)
 
     # ---- observability -----------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -22,7 +22,8 @@ from replica.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLog
 from replica.profiler import StepProfiler, StepRecord
 from replica.scheduler import Scheduler, StepPlan
 from replica.sequence import Sequence
-from replica.step_handle import StepHandle, StepResult
+from replica.step_handle import StepHandle
+from replica.step_outputs import add_prompt_logprobs, take_prompt_logprobs, token_logprob
 
 log = logging.getLogger(__name__)
 Deliver = Callable[[list[tuple[Sequence, object]]], None]
@@ -40,6 +41,7 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+    seqs: tuple[Sequence, ...] | None = None  # only these (a generate call ending): not a newer same id
 
 
 @dataclass
@@ -66,9 +68,34 @@ class EngineCore:
         self._stopping = False
         self._held = False
         self._finished_count = 0
+        self.crashed: BaseException | None = None  # set when the loop stopped on an error
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
+        """The loop, guarded: anything it did not expect ends every open request with an error at
+        once and stops the loop (the replica turns unhealthy and is replaced)."""
+        try:
+            self._loop()
+        except BaseException as exc:
+            self.crashed = exc
+            log.exception("the engine loop stopped", exc_info=exc)
+            self._fail_everything(exc)
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        error = f"the engine loop stopped: {exc!r}"
+        for seq in [entry[0] for entry in self._seqs.values()]:
+            self._outbox.append((seq, RequestFailedError(error)))
+        while True:  # requests that reached the inbox before the loop stopped
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(msg, _Add):
+                self._outbox.extend((seq, RequestFailedError(error)) for seq in msg.seqs[:1])
+        batch, self._outbox = self._outbox, []
+        self.deliver(batch)
+
+    def _loop(self) -> None:
         inflight: StepHandle | None = None
         idle_since = time.perf_counter()
         while not self._stopping:
@@ -115,6 +142,7 @@ class EngineCore:
             return self.runner.launch(plan)
         except Exception as exc:  # one bad step must not take the replica down
             self._fail_plan(plan, exc)
+            self.runner.reset_carry()  # nothing may read the samples this step never made
             return None
 
     def _complete(self, handle: StepHandle) -> None:
@@ -122,15 +150,17 @@ class EngineCore:
         try:
             result = self.runner.wait(handle)
         except Exception as exc:
+            # The next step is launched already: the rows it carries from this one belong to this
+            # step's sequences, which end here, so its samples stay good for the step after it.
             self._fail_plan(handle.plan, exc)
             return
         t1 = time.perf_counter()
         for scores in result.prompt_scores:
-            _add_prompt_logprobs(scores)
+            add_prompt_logprobs(scores)
         for row, (seq, token) in enumerate(zip(handle.plan.sample_seqs, result.tokens.tolist(), strict=True)):
             seq.num_pending -= 1
             if not seq.finished:  # else: the extra token of a sequence that stopped a step ago
-                self._accept_token(seq, token, _logprob(result, row, seq))
+                self._accept_token(seq, token, token_logprob(result, row, seq))
         t2 = time.perf_counter()
         self._record(handle, wait_ms=(t1 - t0) * 1000.0, post_ms=(t2 - t1) * 1000.0)
 
@@ -167,7 +197,7 @@ class EngineCore:
         text = detok.take(final=reason is not None) if detok is not None else ""
         out = RequestOutput(
             seq.request_id, token_ids, text, reason, seq.num_prompt, seq.num_output,
-            metrics if reason is not None else None, seq.index, logprobs, _take_prompt_logprobs(seq),
+            metrics if reason is not None else None, seq.index, logprobs, take_prompt_logprobs(seq),
         )  # fmt: skip
         self._outbox.append((seq, out))
 
@@ -183,7 +213,6 @@ class EngineCore:
 
     def _fail_plan(self, plan: StepPlan, exc: Exception) -> None:
         log.exception("step %d failed; ending its %d requests", plan.step_id, len(plan.items), exc_info=exc)
-        self.runner.reset_carry()
         request_ids = {item.seq.request_id for item in plan.items} | {s.request_id for s in plan.sample_seqs}
         for request_id in request_ids:
             for seq in list(self._requests.get(request_id, ())):
@@ -223,7 +252,8 @@ class EngineCore:
             self._held = msg.on
         elif isinstance(msg, _Abort):
             for seq in list(self._requests.get(msg.request_id, ())):
-                self._emit(seq, [], "abort")
+                if msg.seqs is None or any(seq is mine for mine in msg.seqs):
+                    self._emit(seq, [], "abort")
 
     def _shutdown(self) -> None:
         for seq, _, _ in list(self._seqs.values()):
@@ -265,36 +295,3 @@ class EngineCore:
             output_tokens_per_s=self.profiler.output_tokens_per_s(),
             mode=self.mode,
         )
-
-
-def _logprob(result: StepResult, row: int, seq: Sequence) -> TokenLogprob | None:
-    """The drawn token's logprob and the top ones the request asked for (logprob steps only)."""
-    k = seq.params.logprobs
-    if k is None or result.logprob is None:
-        return None
-    ids, values = result.top_ids[row, :k].tolist(), result.top_logprobs[row, :k].tolist()
-    token = int(result.tokens[row])
-    return TokenLogprob(token, float(result.logprob[row]), tuple(zip(ids, values, strict=True)))
-
-
-def _add_prompt_logprobs(scores) -> None:
-    """Append a chunk's prompt logprobs to its sequence (positions past the prompt are dropped)."""
-    seq = scores.chunk.seq
-    k = seq.params.prompt_logprobs
-    wanted = seq.num_prompt - 1 - len(seq.prompt_logprobs)
-    count = min(scores.chunk.count, wanted)
-    targets = seq.tokens[len(seq.prompt_logprobs) + 1 : len(seq.prompt_logprobs) + 1 + count]
-    logprob = scores.logprob[:count].tolist()
-    ids, values = scores.top_ids[:count, :k].tolist(), scores.top_logprobs[:count, :k].tolist()
-    for i, token in enumerate(targets):
-        seq.prompt_logprobs.append(
-            TokenLogprob(token, logprob[i], tuple(zip(ids[i], values[i], strict=True)))
-        )
-
-
-def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprob | None] | None:
-    """The prompt's logprobs, once (with the sample's first delivery), None for the first token."""
-    if seq.params.prompt_logprobs is None or seq.index != 0 or seq.prompt_logprobs_sent:
-        return None
-    seq.prompt_logprobs_sent = True
-    return [None, *seq.prompt_logprobs]
