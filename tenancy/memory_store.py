@@ -83,6 +83,12 @@ class MemoryQuotaStore:
     async def acquire(self, tenant_id: str, limits: LimitSpec, lease_id: str, tokens: int) -> AcquireResult:
         return self.acquire_sync(tenant_id, limits, lease_id, tokens)
 
+    def seed(self, tenant_id: str, limits: LimitSpec, requests: float, tokens: float, at: float) -> None:
+        """Set a tenant's bucket levels as of `at` (they refill from there); its leases stay."""
+        state = self._state(tenant_id, limits, at)
+        state.rpm = TokenBucket(min(requests, limits.requests_per_minute), at)
+        state.tpm = TokenBucket(min(tokens, limits.tokens_per_minute), at)
+
     async def release(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
         return self.release_sync(lease, limits, used_tokens)
 

@@ -65,6 +65,8 @@ class RedisQuotaStore:
         self._fraction = fallback_fraction
         self._concurrency_retry_after = concurrency_retry_after
         self._local = MemoryQuotaStore(clock, concurrency_retry_after, backend="local")
+        # tenant -> (limits, requests level, tokens level, when): Redis's buckets at its last answer
+        self._last_seen: dict[str, tuple[LimitSpec, float, float, float]] = {}
         self._acquire = client.register_script(redis_scripts.ACQUIRE)
         self._release = client.register_script(redis_scripts.RELEASE)
         self._renew = client.register_script(redis_scripts.RENEW)
@@ -128,7 +130,9 @@ class RedisQuotaStore:
         except _FAILURES as exc:
             self._enter_degraded(exc)
             return self._local.acquire_sync(tenant_id, limits.scaled(self._fraction), lease_id, tokens)
-        return self._result(raw, limits, now, day)
+        result = self._result(raw, limits, now, day)
+        self._last_seen[tenant_id] = (limits, float(raw[2]), float(raw[3]), now)
+        return result
 
     async def release(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
         """First release of a lease settles it; while degraded, Redis releases are queued (True)."""
@@ -222,8 +226,16 @@ class RedisQuotaStore:
     def _enter_degraded(self, exc: BaseException) -> None:
         if self._degraded_reason is None:
             log.warning("quota store: Redis unreachable (%s); local limits in force", type(exc).__name__)
+            self._seed_local()
         self._degraded_reason = f"redis unreachable: {type(exc).__name__}: {exc}"
         self._next_probe_at = self._clock() + self._retry_interval
+
+    def _seed_local(self) -> None:
+        """Local buckets start from this router's share of the levels Redis last reported, not full:
+        a tenant at its quota when Redis went away gets no fresh burst, only the local refill."""
+        for tenant_id, (limits, requests, tokens, at) in self._last_seen.items():
+            f = self._fraction
+            self._local.seed(tenant_id, limits.scaled(f), f * requests, f * tokens, at)
 
     def _result(self, raw: list[Any], limits: LimitSpec, now: float, day: int) -> AcquireResult:
         reason = _text(raw[0]) or None

@@ -24,9 +24,9 @@ def router(url: str, clock: FakeClock) -> ReconcilingStore:
     return ReconcilingStore(inner)
 
 
-async def admit_all(store: ReconcilingStore, attempts: int = 3 * RPM) -> int:
+async def admit_all(store: ReconcilingStore, attempts: int = 3 * RPM, tenant: str = "hot") -> int:
     """Admissions of ``attempts`` tries one after the other (frozen clock: until the bucket is empty)."""
-    results = [await store.acquire("hot", LIMITS, f"l{i}", 1) for i in range(attempts)]
+    results = [await store.acquire(tenant, LIMITS, f"l{tenant}{i}", 1) for i in range(attempts)]
     return sum(r.admitted for r in results)
 
 
@@ -55,15 +55,15 @@ async def test_debits_land_before_admissions_racing_the_reconnect() -> None:
     clock = FakeClock()
     store = router(server.url, clock)
     try:
-        assert await admit_all(store) == RPM  # the shared bucket
+        assert await admit_all(store, 4) == 4  # from the shared bucket: 6 left
         server.kill()
-        assert await admit_all(store) == RPM // 2  # the local share while Redis is down
+        assert await admit_all(store) == 3  # the local share (half) of the 6 Redis last reported
         server.start()  # empty: every bucket full again
-        # The restarted bucket owes the 5 local admissions: only 5 more. Before the fix the workers'
+        # The restarted bucket owes the 3 local admissions: only 7 more. Before the fix the workers'
         # acquires reached Redis while the debits were still on their way, took the fresh bucket,
-        # and the debits found it empty and were dropped: 9 or 10 got in.
-        assert await admit_racing_reconnect(store) == RPM - RPM // 2
-        assert store.reconciled == RPM // 2
+        # and the debits found it empty and were dropped: all 10 got in.
+        assert await admit_racing_reconnect(store) == RPM - 3
+        assert store.reconciled == 3
     finally:
         server.kill()
         await store.close()
@@ -74,12 +74,13 @@ async def test_a_late_routers_debit_is_kept_as_debt() -> None:
     clock = FakeClock()
     a, b = router(server.url, clock), router(server.url, clock)
     try:
-        assert await admit_all(a) == RPM
+        assert await admit_all(a, 4) == 4  # 6 left in Redis
         server.kill()
-        assert await admit_all(a) == RPM // 2 and await admit_all(b) == RPM // 2
+        # a goes on from half of what Redis last told it; b, which never asked, from a full half
+        assert await admit_all(a) == 3 and await admit_all(b) == RPM // 2
         server.start()
-        assert await a.probe()  # a is back first and debits its 5
-        assert await admit_all(a) == RPM - RPM // 2
+        assert await a.probe()  # a is back first and debits its 3
+        assert await admit_all(a) == RPM - 3
         assert await b.probe()  # b's 5 arrive when the bucket is already empty: owed, not dropped
         clock.advance(30.0)  # refills 5, which pay the debt
         assert await admit_all(a) == 0 and await admit_all(b) == 0
@@ -89,3 +90,21 @@ async def test_a_late_routers_debit_is_kept_as_debt() -> None:
         server.kill()
         await a.close()
         await b.close()
+
+
+async def test_local_buckets_start_from_what_redis_last_reported() -> None:
+    """A tenant at its quota when Redis goes away gets no fresh local burst, only the local refill;
+    a tenant this router never asked Redis about starts from a full local share."""
+    server = RedisProcess().start()
+    clock = FakeClock()
+    store = router(server.url, clock)
+    try:
+        assert await admit_all(store) == RPM  # the shared bucket, emptied
+        server.kill()
+        assert await admit_all(store) == 0  # was a whole local share (5) before
+        clock.advance(12.0)  # the local refill: half of 10 a minute
+        assert await admit_all(store) == 1
+        assert await admit_all(store, tenant="fresh") == RPM // 2
+    finally:
+        server.kill()
+        await store.close()
