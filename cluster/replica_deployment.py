@@ -1,5 +1,8 @@
 """The replica deployment: one ``replica.Engine`` per Serve replica, streamed through a deployment handle.
 
+An engine that ends a request with "abort" (it is stopping) yields an ``aborted`` error item: the
+router retries it elsewhere before the first token and reports a failure after it.
+
 Every generation is a streaming method (``handle.options(stream=True).generate.remote(...)``) that
 yields plain dicts, so nothing engine-specific has to be pickled across the handle. Invalid input
 is yielded as an ``{"error": ...}`` item instead of raised, because exceptions crossing a Ray
@@ -49,6 +52,11 @@ class ReplicaServer:
             open_choices = params.n
             last_yield = 0.0
             async for out in stream:
+                if out.finish_reason == "abort":  # the engine stopped (shutdown): not an answer
+                    for ready in held.values():
+                        yield ready
+                    yield error_item("aborted", "the replica stopped before the request finished")
+                    return
                 counts[out.index] = out.num_output_tokens
                 open_choices -= out.finished
                 item = output_item(out, self._replica_id, sum(counts), done=open_choices == 0)

@@ -190,7 +190,11 @@ class ActiveRequest:
         if error is not None:
             if error["kind"] == "invalid_request":
                 raise BadRequest(error["message"], code="invalid_prompt")
+            if error["kind"] == "aborted":  # the replica is stopping: another one can take it
+                raise ReplicaFailure(error["message"])
             raise ServiceUnavailable(error["message"], code="engine_error")
+        if item["done"] and item["finish_reason"] == "abort":  # a replica that says so in an output
+            raise ReplicaFailure("the replica stopped before the request finished")
         self._on_tokens(item)
         return item
 

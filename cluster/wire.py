@@ -50,7 +50,8 @@ def _logprob(lp) -> list:
 
 
 def error_item(kind: str, message: str) -> dict[str, Any]:
-    """An error yielded in the stream; ``kind`` is ``invalid_request`` or ``engine_error``."""
+    """An error yielded in the stream; ``kind`` is ``invalid_request``, ``engine_error`` or ``aborted``
+    (the engine stopped with the request unfinished)."""
     return {"error": {"kind": kind, "message": message}}
 
 

@@ -117,3 +117,30 @@ async def test_retries_are_bounded() -> None:
     [record] = runner.recorder.records()
     assert record.outcome == "error" and len(replicas.calls) == 2
     assert runner.dispatcher.in_flight == 0 and store.active_leases(tenant.id) == 0
+
+
+async def test_an_engine_abort_is_an_error_not_a_success() -> None:
+    """Issue 19, defect 1: a replica whose engine ends a request with "abort" (shutdown, drain) after
+    tokens went out: the client gets an explicit error and the SLA report counts a failure."""
+    aborted = {**_item(2, "abort"), "done": True}
+    replicas = FakeReplicas([[_item(1), aborted]])
+    runner, config, store = _runner(replicas)
+    tenant = config.tenants[0]
+    active = await runner.open(Job("req4", tenant, tenant.sla_class, [1, 2, 3], {"max_tokens": 8}))
+    with pytest.raises(ReplicaFailure):
+        async for _ in active.outputs():
+            pass
+    [record] = runner.recorder.records()
+    assert record.outcome == "error" and record.reason == "replica_error"
+    assert runner.dispatcher.in_flight == 0 and store.active_leases(tenant.id) == 0
+
+
+async def test_an_abort_before_the_first_token_is_retried_on_another_replica() -> None:
+    replicas = FakeReplicas(
+        [[{"error": {"kind": "aborted", "message": "replica stopping"}}], [_item(1, "stop")]]
+    )
+    runner, config, _store = _runner(replicas)
+    tenant = config.tenants[0]
+    active = await runner.open(Job("req5", tenant, tenant.sla_class, [1, 2, 3], {"max_tokens": 1}))
+    assert [i["finish_reason"] async for i in active.outputs()] == ["stop"]
+    assert replicas.calls == ["req5", "req5-r1"]
