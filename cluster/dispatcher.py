@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 from cluster.errors import ServiceUnavailable
@@ -54,7 +54,9 @@ class Dispatcher:
         self._timeout = queue_timeout_s
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self._by_tenant: Counter[str] = Counter()
-        self._waiting: dict[str, deque[str]] = {}  # request ids per tenant, oldest first (may hold stale ids)
+        # Waiting request ids per tenant, oldest first (dicts keep insertion order); an id leaves when
+        # its wait ends, however it ends, so the structure holds only what waits.
+        self._waiting: dict[str, dict[str, None]] = {}
         self.in_flight = 0
 
     @property
@@ -105,6 +107,11 @@ class Dispatcher:
         """Requests waiting for a slot (a leak check: zero when nothing waits)."""
         return len(self._waiters)
 
+    @property
+    def tracked_ids(self) -> int:
+        """Request ids the uncapped path can see (a leak check: only those waiting)."""
+        return sum(len(ids) for ids in self._waiting.values())
+
     def in_flight_of(self, tenant_id: str) -> int:
         return self._by_tenant[tenant_id]
 
@@ -114,7 +121,7 @@ class Dispatcher:
         Cancellation (client gone) removes it from the queue, or gives back a slot granted meanwhile.
         """
         self._queue.push(request)
-        self._waiting.setdefault(request.tenant_id, deque()).append(request.request_id)
+        self._waiting.setdefault(request.tenant_id, {})[request.request_id] = None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = future
         self._kick()
@@ -133,8 +140,16 @@ class Dispatcher:
             raise
         finally:
             self._waiters.pop(request.request_id, None)
+            self._forget(request)
         future.result()  # re-raises an error set by replace_queue
         return DispatchSlot(request, self)
+
+    def _forget(self, request: QueuedRequest) -> None:
+        ids = self._waiting.get(request.tenant_id)
+        if ids is not None:
+            ids.pop(request.request_id, None)
+            if not ids:
+                del self._waiting[request.tenant_id]
 
     def _slot_ended(self, tenant_id: str) -> None:
         self.in_flight -= 1
@@ -168,14 +183,13 @@ class Dispatcher:
         """
         best: tuple[float, str] | None = None
         for tenant_id, ids in self._waiting.items():
-            while ids and ids[0] not in self._queue:
-                ids.popleft()  # granted, cancelled or moved: forget it
-            if ids and not self._capped(tenant_id):
+            if not self._capped(tenant_id) and any(rid in self._queue for rid in ids):
                 key = (self._queue.counter(tenant_id), tenant_id)
                 best = key if best is None or key < best else best
         if best is None:
             return None
-        request = self._queue.remove(self._waiting[best[1]].popleft())
+        oldest = next(rid for rid in self._waiting[best[1]] if rid in self._queue)
+        request = self._queue.remove(oldest)
         if request is not None:
             self._queue.charge(request.tenant_id, math.ceil(request.prompt_tokens / 2))
         return request

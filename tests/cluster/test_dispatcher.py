@@ -89,3 +89,24 @@ async def test_reload_moves_waiting_requests() -> None:
     assert "b0" in d.queue
     held.release()
     assert (await asyncio.wait_for(waiting, 1)).request.request_id == "b0"
+
+
+async def test_every_structure_is_bounded_by_what_waits_or_runs() -> None:
+    """Issue 19, defect 3: request ids were kept per tenant until the uncapped path pruned them,
+    which a balanced cluster never reaches. After any mix of grants, timeouts and cancels, nothing
+    is left behind."""
+    d = make(room=8, timeout=0.05)
+    for i in range(200):  # a balanced cluster: every request is granted at once
+        (await d.wait_turn(item(d, f"r{i}", ("alice", "bob", "carol")[i % 3]))).release()
+    held = [await d.wait_turn(item(d, f"h{i}", "alice" if i % 2 else "bob")) for i in range(8)]
+    with pytest.raises(ServiceUnavailable):
+        await d.wait_turn(item(d, "late", "carol"))
+    task = asyncio.create_task(d.wait_turn(item(d, "gone", "carol"), timeout_s=5))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for slot in held:
+        slot.release()
+    assert d.in_flight == 0 and d.waiters == 0 and len(d.queue) == 0
+    assert d.tracked_ids == 0
