@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 
-from tests.cluster.helpers import ray_and_serve, start_app, write_tenancy
+from tests.cluster.helpers import ALICE, MODEL, ray_and_serve, start_app, write_tenancy
 from tests.redis_server import free_port
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -44,3 +45,20 @@ def base_url(ray_serve: int, app_config: dict) -> str:
     """The shared app: one router, in-memory quotas, one SmolLM2 replica on CPU."""
     start_app(APP, "/", app_config)
     return f"http://127.0.0.1:{ray_serve}"
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> openai.OpenAI:
+    """The real ``openai`` client, as alice."""
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=ALICE, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+async def engine():
+    """The engine alone, in this process: the reference for what the API returns."""
+    from replica import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model=MODEL, device="cpu", kv_cache_tokens=4096))
+    await eng.start()
+    yield eng
+    await eng.stop()

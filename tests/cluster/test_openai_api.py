@@ -6,24 +6,10 @@ import httpx
 import openai
 import pytest
 
-from replica import Engine, EngineConfig, SamplingParams
+from replica import Engine, SamplingParams
 from tests.cluster.helpers import ADMIN, ALICE, MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=ALICE, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-async def engine():
-    """The engine alone, in this process: the reference for greedy outputs."""
-    eng = Engine(EngineConfig(model=MODEL, device="cpu", kv_cache_tokens=4096))
-    await eng.start()
-    yield eng
-    await eng.stop()
 
 
 async def engine_text(engine: Engine, prompt_ids: list[int], max_tokens: int) -> str:

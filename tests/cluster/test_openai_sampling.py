@@ -7,23 +7,10 @@ import httpx
 import openai
 import pytest
 
-from replica import Engine, EngineConfig, SamplingParams
+from replica import Engine, SamplingParams
 from tests.cluster.helpers import ALICE, MODEL
 
 QUESTION = [{"role": "user", "content": "Write a haiku about rain."}]
-
-
-@pytest.fixture(scope="module")
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=ALICE, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-async def engine():
-    eng = Engine(EngineConfig(model=MODEL, device="cpu", kv_cache_tokens=4096))
-    await eng.start()
-    yield eng
-    await eng.stop()
 
 
 def test_n_choices_with_a_seed_are_reproducible_and_distinct(client: openai.OpenAI) -> None:
