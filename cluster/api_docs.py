@@ -58,5 +58,5 @@ HEALTH = {
     503: {"description": "No replica or draining.", "content": {"application/json": {}}},
 } | _errors(400, 404, 413)
 METRICS = {200: {"description": "Prometheus text format.", "content": {"text/plain": {}}}} | _errors(
-    400, 404, 413
+    400, 401, 403, 404, 413
 )

@@ -140,11 +140,15 @@ def parse_counters(text: str) -> tuple[str | None, dict[str, int], int]:
     return router, dict(endings), retries
 
 
-async def server_counters(client: httpx.AsyncClient, routers: int, max_scrapes: int = 60) -> dict:
-    """Every router's counters (the proxy sends each scrape to one router: scrape until all answered)."""
+async def server_counters(
+    client: httpx.AsyncClient, routers: int, admin_key: str, max_scrapes: int = 60
+) -> dict:
+    """Every router's counters (the proxy sends each scrape to one router: scrape until all answered).
+    /metrics answers operators only: the admin key reads it."""
     seen: dict[str, tuple[dict[str, int], int]] = {}
     for _ in range(max_scrapes):
-        resp = await client.get("/metrics")
+        resp = await client.get("/metrics", headers=_auth(admin_key))
+        resp.raise_for_status()
         router, endings, retries = parse_counters(resp.text)
         if router is not None:
             seen[router] = (endings, retries)

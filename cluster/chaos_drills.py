@@ -108,13 +108,13 @@ async def settled(client: httpx.AsyncClient, target: Target, timeout_s: float = 
 
 async def _counted(client: httpx.AsyncClient, target: Target, run: Callable[[], Awaitable[list]]) -> tuple:
     """Run ``run`` between two readings of the server's counters; (records, server delta)."""
-    before = await server_counters(client, target.routers)
+    before = await server_counters(client, target.routers, target.admin_key)
     records = list(await run())
     await settled(client, target)
     # A router records an abort when Serve cancels its handler, a moment after the client left.
     deadline = time.monotonic() + 10.0
     while True:
-        delta = counter_delta(before, await server_counters(client, target.routers))
+        delta = counter_delta(before, await server_counters(client, target.routers, target.admin_key))
         if delta["sent"] >= len(records) or time.monotonic() > deadline:
             return records, delta
         await asyncio.sleep(0.5)

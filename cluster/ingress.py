@@ -127,7 +127,16 @@ class Ingress:
         return JSONResponse(body, status_code=200 if status in ("ok", "degraded") else 503)
 
     @api.get("/metrics", responses=api_docs.METRICS)
-    async def metrics(self) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        # The counters name every tenant and its traffic: only operators read them (the admin key,
+        # or the metrics key a scraper holds); a tenant key gets 403, no key 401.
+        key = parse_bearer(request.headers.get("authorization"))
+        try:
+            if not self.core.tenancy.auth.may_read_metrics(key):
+                self._tenant(request)
+                raise Forbidden("the metrics key or the admin key is required", code="metrics_only")
+        except Exception as exc:
+            return error_response(exc)
         self.core.refresh_queue_metrics()
         self.core.metrics.draining.set(1 if self.drain.draining else 0)
         return Response(self.core.metrics.render(), media_type=CONTENT_TYPE_LATEST)

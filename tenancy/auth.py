@@ -33,6 +33,7 @@ class Authenticator:
         self._salt = config.key_salt.get_secret_value()
         self._by_hash: dict[str, Tenant] = {h: t for t in config.tenants for h in t.api_key_hashes}
         self._admin_hash = config.admin_key_hash
+        self._metrics_hash = config.metrics_key_hash or _DECOY
 
     def authenticate(self, key: str | None) -> Tenant:
         """The tenant owning ``key``; ``AuthenticationError`` for a missing or unknown key."""
@@ -47,7 +48,14 @@ class Authenticator:
 
     def is_admin(self, key: str | None) -> bool:
         """Whether ``key`` is the admin key (constant-time comparison of hashes)."""
+        return self._matches(key, self._admin_hash)
+
+    def may_read_metrics(self, key: str | None) -> bool:
+        """Whether ``key`` may read the metrics: the metrics key, or the admin key."""
+        return self._matches(key, self._metrics_hash) or self.is_admin(key)
+
+    def _matches(self, key: str | None, stored: str) -> bool:
         if not key:
             return False
         digest = hash_api_key(key, self._salt)
-        return hmac.compare_digest(digest.encode("ascii"), self._admin_hash.encode("ascii"))
+        return hmac.compare_digest(digest.encode("ascii"), stored.encode("ascii"))

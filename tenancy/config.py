@@ -112,6 +112,11 @@ class TenancyConfig(_Frozen):
         "API key; kept with the hashes, masked in repr and JSON dumps.",
     )
     admin_key_hash: KeyHash = Field(description="HMAC of the admin API key ('hmac-sha256:<hex>').")
+    metrics_key_hash: KeyHash | None = Field(
+        default=None,
+        description="HMAC of a key that may read /metrics and nothing else (a scraper's); the admin key "
+        "may read it too.",
+    )
     gpu_dollars_per_hour: float = Field(default=5.0, ge=0, description="GPU price for cost reports (USD/h).")
     fair_share: FairShareSettings = Field(
         default_factory=FairShareSettings, description="Queue bounds and SLA margin."
@@ -132,7 +137,8 @@ class TenancyConfig(_Frozen):
             if tenant.sla_class not in names:
                 raise ValueError(f"tenants.{i}.sla_class: unknown SLA class {tenant.sla_class!r}")
         hashes = [h for t in self.tenants for h in t.api_key_hashes] + [self.admin_key_hash]
-        _unique(hashes, "tenants", "api_key_hashes (across tenants and admin_key_hash)")
+        hashes += [self.metrics_key_hash] if self.metrics_key_hash else []
+        _unique(hashes, "tenants", "api_key_hashes (across tenants, admin_key_hash and metrics_key_hash)")
         return self
 
     @cached_property

@@ -20,6 +20,7 @@ MODEL = "smollm2-135m"
 LIMITED_KEY = "sk-test-limited"  # 2 requests per minute
 CAPPED_KEY = "sk-test-capped"  # 2 concurrent requests
 ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
+METRICS_KEY = "sk-test-metrics-reader"  # reads /metrics only
 ALICE, BOB, CAROL = DEMO_KEYS["alice"], DEMO_KEYS["bob"], DEMO_KEYS["carol"]
 
 
@@ -65,6 +66,7 @@ def write_tenancy(path: Path) -> Path:
             "max_concurrent_requests": 64,
             "max_context_length": 16384,
         }
+    data["metrics_key_hash"] = hash_api_key(METRICS_KEY, DEMO_KEY_SALT)
     data["tenants"] += [
         _tenant("limited", LIMITED_KEY, "standard", requests_per_minute=2),
         _tenant("capped", CAPPED_KEY, "standard", max_concurrent_requests=2),

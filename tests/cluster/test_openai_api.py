@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from replica import Engine, SamplingParams
-from tests.cluster.helpers import ADMIN, ALICE, MODEL
+from tests.cluster.helpers import ADMIN, ALICE, METRICS_KEY, MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -120,12 +120,24 @@ def test_invalid_json_and_unknown_model(base_url: str) -> None:
 def test_models_health_metrics_sla(base_url: str, client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert httpx.get(f"{base_url}/health").json()["status"] == "ok"
-    metrics = httpx.get(f"{base_url}/metrics").text
+    metrics = httpx.get(f"{base_url}/metrics", headers=ADMIN).text
     assert 'fairlane_requests_total{outcome="ok",sla_class="interactive",tenant="alice"}' in metrics
     assert "fairlane_ttft_seconds_bucket" in metrics and "fairlane_replica_kv_usage" in metrics
     mine = httpx.get(f"{base_url}/v1/tenants/me/sla", headers={"Authorization": f"Bearer {ALICE}"}).json()
     assert [t["tenant_id"] for t in mine["tenants"]] == ["alice"]
     assert mine["tenants"][0]["ok"] >= 1 and mine["tenants"][0]["ttft_s"]["p50"] > 0
+
+
+def test_metrics_are_for_operators_only(base_url: str) -> None:
+    """Issue 19, defect 11: the counters name every tenant and its traffic. Without a key: 401; a
+    tenant's key: 403; the metrics key (a scraper's) or the admin key: the page."""
+    assert httpx.get(f"{base_url}/metrics").status_code == 401
+    tenant = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {ALICE}"})
+    assert tenant.status_code == 403 and tenant.json()["error"]["code"] == "metrics_only"
+    assert "fairlane_requests_total" in httpx.get(f"{base_url}/metrics", headers=ADMIN).text
+    scraper = {"Authorization": f"Bearer {METRICS_KEY}"}
+    assert "fairlane_requests_total" in httpx.get(f"{base_url}/metrics", headers=scraper).text
+    assert httpx.get(f"{base_url}/admin/sla", headers=scraper).status_code == 401  # nothing else
 
 
 def test_admin_routes_need_the_admin_key(base_url: str) -> None:

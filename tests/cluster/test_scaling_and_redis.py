@@ -10,7 +10,7 @@ import httpx
 import pytest
 from ray import serve
 
-from tests.cluster.helpers import CAPPED_KEY, CAROL, MODEL, start_app, wait_until
+from tests.cluster.helpers import ADMIN, CAPPED_KEY, CAROL, MODEL, start_app, wait_until
 
 REDIS_APP, SCALE_APP = "fl-redis", "fl-scale"
 
@@ -102,7 +102,7 @@ def test_replicas_scale_up_under_load_and_down_after(scale_app: str) -> None:
     try:
         scaled = wait_until(lambda: _running(SCALE_APP) == 2, timeout_s=150, interval_s=0.5)
         assert scaled, serve.status().applications[SCALE_APP].deployments["Replica"]
-        room = httpx.get(f"{scale_app}/metrics").text
+        room = httpx.get(f"{scale_app}/metrics", headers=ADMIN).text
     finally:
         stop.set()
         for t in threads:

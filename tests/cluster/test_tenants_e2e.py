@@ -11,7 +11,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from tests.cluster.conftest import APP
-from tests.cluster.helpers import ALICE, BOB, CAROL, LIMITED_KEY, MODEL, admin_state, stream_ttft, wait_until
+from tests.cluster.helpers import (
+    ADMIN,
+    ALICE,
+    BOB,
+    CAROL,
+    LIMITED_KEY,
+    MODEL,
+    admin_state,
+    stream_ttft,
+    wait_until,
+)
 
 QUESTION = [{"role": "user", "content": "Name a colour."}]
 
@@ -34,7 +44,7 @@ def test_tenant_over_rpm_gets_429_while_another_is_served(base_url: str) -> None
     assert raw.json()["error"]["code"] == "rpm"
     served = bob.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
     assert served.choices[0].finish_reason in ("stop", "length")
-    metrics = httpx.get(f"{base_url}/metrics").text
+    metrics = httpx.get(f"{base_url}/metrics", headers=ADMIN).text
     assert 'fairlane_rejections_total{reason="rpm",sla_class="standard",tenant="limited"} 1.0' in metrics
 
 
@@ -107,7 +117,7 @@ def _p99_rounds(base_url: str, prompts: list[str], rounds: int) -> list[float]:
 
 def _queue_wait(base_url: str, tenant: str) -> tuple[float, float]:
     """(sum, count) of the router's fair-queue wait histogram for `tenant`."""
-    text = httpx.get(f"{base_url}/metrics").text
+    text = httpx.get(f"{base_url}/metrics", headers=ADMIN).text
     totals = {"sum": 0.0, "count": 0.0}
     for family in text_string_to_metric_families(text):
         if family.name != "fairlane_queue_wait_seconds":

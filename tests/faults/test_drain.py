@@ -9,8 +9,10 @@ import threading
 import httpx
 
 from cluster.drain import clear_drain, request_drain, wait_drained
-from tenancy import DEMO_KEYS
+from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
 from tests.faults.fault_helpers import FAULT_APP, MODEL, wait_for
+
+ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
 
 
 def _stream(url: str, out: list[str]) -> None:
@@ -29,7 +31,7 @@ def _stream(url: str, out: list[str]) -> None:
 def _drain_refusals(url: str) -> float:
     """The router's own count of alice's requests refused while draining."""
     pattern = r'fairlane_rejections_total\{reason="draining",sla_class="[a-z]+",tenant="alice"\} ([0-9.]+)'
-    found = re.search(pattern, httpx.get(f"{url}/metrics").text)
+    found = re.search(pattern, httpx.get(f"{url}/metrics", headers=ADMIN).text)
     return float(found.group(1)) if found else 0.0
 
 

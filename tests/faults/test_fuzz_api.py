@@ -26,6 +26,7 @@ from tests.faults.fault_helpers import FUZZ_KEY
 MIN_REQUESTS = 1000
 PER_OPERATION = 300  # operations without parameters run out of distinct cases early
 KEYS = [FUZZ_KEY, DEMO_ADMIN_KEY, "sk-not-a-real-key", None]
+ADMIN_AUTH = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
@@ -41,7 +42,7 @@ def test_fuzzed_routes_give_no_5xx_and_conform_to_the_schema(fault_url: str) -> 
     operations = [op.ok() for op in schema.get_all_operations()]
     paths = {op.path for op in operations}
     assert {"/v1/completions", "/v1/chat/completions", "/health", "/metrics", "/admin/state"} <= paths
-    before = parse_counters(httpx.get(f"{fault_url}/metrics").text)[1]
+    before = parse_counters(httpx.get(f"{fault_url}/metrics", headers=ADMIN_AUTH).text)[1]
     statuses: dict[int, int] = {}
     session = requests.Session()
     for op in operations:
@@ -51,7 +52,7 @@ def test_fuzzed_routes_give_no_5xx_and_conform_to_the_schema(fault_url: str) -> 
     assert not [s for s in statuses if s >= 500], statuses
     assert statuses.get(200, 0) > 0 and statuses.get(401, 0) > 0 and statuses.get(400, 0) > 0, statuses
     # Requests that passed auth and validation ended exactly once each, and none as an error.
-    after = parse_counters(httpx.get(f"{fault_url}/metrics").text)[1]
+    after = parse_counters(httpx.get(f"{fault_url}/metrics", headers=ADMIN_AUTH).text)[1]
     assert after.get("errored", 0) == before.get("errored", 0)
 
 

@@ -32,7 +32,7 @@ def test_keys_and_text_never_leak(fault_url: str) -> None:
     assert ok.status_code == 200
     admin = _auth(DEMO_ADMIN_KEY)
     pages = [
-        httpx.get(f"{fault_url}/metrics").text,
+        httpx.get(f"{fault_url}/metrics", headers=admin).text,
         httpx.get(f"{fault_url}/admin/sla", headers=admin).text,
         httpx.get(f"{fault_url}/admin/timings", headers=admin).text,
         httpx.get(f"{fault_url}/v1/tenants/me/sla", headers=_auth(ALICE)).text,

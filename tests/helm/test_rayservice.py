@@ -150,6 +150,12 @@ def test_servicemonitor_scrapes_the_metrics_service(all_options: Rendered) -> No
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports
     assert {e["path"] for e in monitor["spec"]["endpoints"]} == {"/metrics"}
     assert service["spec"]["clusterIP"] == "None"  # every pod is a target
+    # fairlane's /metrics answers operators only: the scraper sends the metrics key from a Secret
+    [http] = [e for e in monitor["spec"]["endpoints"] if e["port"] == "http"]
+    assert http["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "fl-ci-metrics-key", "key": "token"},
+    }
 
 
 def test_optional_objects_are_off_by_default(default: Rendered) -> None:

@@ -62,6 +62,7 @@ def test_ci_tenants_merge_into_a_valid_config(all_options: Rendered) -> None:
     acme_keys = (hash_api_key("sk-ci-acme-1", CI_SALT), hash_api_key("sk-ci-acme-2", CI_SALT))
     assert merged.tenant("acme").api_key_hashes == acme_keys
     assert merged.admin_key_hash == hash_api_key("sk-ci-admin", CI_SALT)
+    assert merged.metrics_key_hash == hash_api_key("sk-ci-metrics", CI_SALT)
     assert merged.sla_class_of("globex").name == "bulk"
     assert merged.gpu_dollars_per_hour == 3.5
 

@@ -1,8 +1,8 @@
 """Init container of the Ray pods: merge tenancy.yaml (ConfigMap) with keys.yaml (Secret).
 
 The ConfigMap holds tenants and SLA classes without key material; the Secret holds ``key_salt``
-(the secret that keys every API-key HMAC), ``admin_key_hash`` and
-``api_key_hashes: {tenant_id: [hash, ...]}``. The merged file is what
+(the secret that keys every API-key HMAC), ``admin_key_hash``, optionally ``metrics_key_hash``
+(a scraper's key, /metrics only) and ``api_key_hashes: {tenant_id: [hash, ...]}``. The merged file is what
 ``cluster.config.AppConfig.tenancy_config`` points at. When the ``tenancy`` package is importable
 (it is in the fairlane image) the result is validated here, so a bad config stops the pod at start.
 """
@@ -33,6 +33,8 @@ def merge(config: dict, keys: dict) -> dict:
     if not keys.get("key_salt"):  # the hashes are HMACs under this salt: without it no key matches
         raise ValueError("keys Secret has no key_salt")
     merged = {**config, "tenants": tenants, "admin_key_hash": keys["admin_key_hash"]}
+    if keys.get("metrics_key_hash"):
+        merged["metrics_key_hash"] = keys["metrics_key_hash"]
     return merged | {"key_salt": keys["key_salt"]}
 
 
