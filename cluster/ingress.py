@@ -32,6 +32,7 @@ from cluster.responses import (
     sse_stream,
 )
 from cluster.router_core import RouterCore
+from cluster.status_metrics import StatusMetrics
 from cluster.tenant_views import check_own, sla_report, usage
 from tenancy import Tenant, parse_bearer
 
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 api = FastAPI(title="fairlane", docs_url=None, redoc_url=None)
 # The router sets the limit when it starts; until then (and outside Serve) no limit applies.
 api.add_middleware(BodyLimit, limit=lambda: getattr(api.state, "max_body_bytes", None))
+# Outermost, so it also counts the 413s of the body limit.
+api.add_middleware(StatusMetrics, counter=lambda: getattr(api.state, "http_errors", None))
 
 
 @api.exception_handler(RequestValidationError)
@@ -71,6 +74,7 @@ class Ingress:
         api.state.max_body_bytes = self.cfg.max_body_bytes
         self.replicas = replicas
         self.core = RouterCore(self.cfg, replicas)
+        api.state.http_errors = self.core.metrics.http_errors
         encoder = PromptEncoder.for_model(
             self.cfg.engine.model, self.cfg.engine.random_weights, self.cfg.engine.synthetic_tokenizer
         )

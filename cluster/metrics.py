@@ -80,6 +80,12 @@ class ClusterMetrics:
             registry=r,
         )
         self.draining = Gauge("fairlane_draining", "1 while this router drains for shutdown.", registry=r)
+        self.http_errors = Counter(
+            "fairlane_http_errors",
+            "Error answers (status >= 400) by route and status, whatever refused the request.",
+            ("route", "status"),
+            registry=r,
+        )
         # Several routers answer /metrics in turn: the id tells a scraper whose counters it reads.
         self.router_info = Gauge("fairlane_router_info", "This router's id.", ("router",), registry=r)
 

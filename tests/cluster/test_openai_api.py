@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from replica import Engine, SamplingParams
 from tests.cluster.helpers import ADMIN, ALICE, METRICS_KEY, MODEL
@@ -126,6 +127,35 @@ def test_models_health_metrics_sla(base_url: str, client: openai.OpenAI) -> None
     mine = httpx.get(f"{base_url}/v1/tenants/me/sla", headers={"Authorization": f"Bearer {ALICE}"}).json()
     assert [t["tenant_id"] for t in mine["tenants"]] == ["alice"]
     assert mine["tenants"][0]["ok"] >= 1 and mine["tenants"][0]["ttft_s"]["p50"] > 0
+
+
+def test_every_error_answer_is_counted(base_url: str) -> None:
+    """Issue 19, defect 10: 401, 404 and 400 answers reach Prometheus, by route and status."""
+
+    def counts() -> dict[tuple[str, str], float]:
+        text = httpx.get(f"{base_url}/metrics", headers=ADMIN).text
+        return {
+            (sample.labels["route"], sample.labels["status"]): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "fairlane_http_errors_total"
+        }
+
+    before = counts()
+    auth = {"Authorization": f"Bearer {ALICE}"}
+    assert httpx.post(f"{base_url}/v1/completions", json={"model": MODEL, "prompt": "x"}).status_code == 401
+    missing = httpx.post(f"{base_url}/v1/completions", json={"model": "gpt-9", "prompt": "x"}, headers=auth)
+    assert missing.status_code == 404
+    bad = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": -1}
+    assert httpx.post(f"{base_url}/v1/chat/completions", json=bad, headers=auth).status_code == 400
+    assert httpx.get(f"{base_url}/v1/no-such-route", headers=auth).status_code == 404
+    after = counts()
+
+    def grew(route: str, status: str) -> float:
+        return after.get((route, status), 0) - before.get((route, status), 0)
+
+    assert grew("/v1/completions", "401") >= 1 and grew("/v1/completions", "404") >= 1
+    assert grew("/v1/chat/completions", "400") >= 1 and grew("other", "404") >= 1
 
 
 def test_metrics_are_for_operators_only(base_url: str) -> None:
