@@ -5,6 +5,7 @@ Everything here runs before admission, so a refusal (400/404) reserves no quota.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from cluster.config import AppConfig
@@ -16,6 +17,7 @@ from replica import SamplingParams
 from tenancy import Tenant
 
 NON_STREAM_COALESCE_S = 0.05  # outputs of a non-streamed request travel in 50 ms batches
+INLINE_CHARS = 4096  # shorter text is tokenized on the event loop (well under a millisecond)
 
 
 class JobBuilder:
@@ -38,7 +40,9 @@ class JobBuilder:
             raise BadRequest(f"n is at most {self._cfg.max_n} on this server", code="invalid_n", param="n")
         sampling = body.sampling_fields()
         if isinstance(body, ChatCompletionRequest):
-            ids = self._encoder.chat(body.template_messages())
+            messages = body.template_messages()
+            chars = sum(len(m["content"]) for m in messages)
+            ids = await self._encode(self._encoder.chat, messages, chars, "messages")
             max_tokens = body.output_limit()
             sampling["logprobs"] = body.logprob_count()
         else:
@@ -46,7 +50,8 @@ class JobBuilder:
                 prompt = body.single_prompt()
             except ValueError as exc:
                 raise BadRequest(str(exc), param="prompt") from None
-            ids = self._encoder.completion(prompt)
+            chars = len(prompt) if isinstance(prompt, str) else 0  # token ids: counted as they are
+            ids = await self._encode(self._encoder.completion, prompt, chars, "prompt")
             max_tokens, prompt_logprobs = _completion_limits(body)
             sampling["logprobs"] = body.logprobs
             sampling["prompt_logprobs"] = prompt_logprobs
@@ -77,6 +82,24 @@ class JobBuilder:
     @property
     def encoder(self) -> PromptEncoder:
         return self._encoder
+
+    async def _encode(self, encode: Callable, prompt, chars: int, param: str) -> list[int]:
+        """Tokenize (and template) a prompt without holding the router's event loop: text that cannot
+        fit the context is refused before any tokenizing (no token of this vocabulary holds more
+        than `max_token_chars` characters), and long text is tokenized on a worker thread."""
+        if chars:
+            if self._max_model_len is None:
+                self._max_model_len = await self._fetch_len()
+            if chars > self._max_model_len * self._encoder.max_token_chars:
+                raise BadRequest(
+                    f"the prompt's {chars} characters cannot fit this model's context of "
+                    f"{self._max_model_len} tokens",
+                    code="context_length_exceeded",
+                    param=param,
+                )
+        if chars > INLINE_CHARS:
+            return await asyncio.to_thread(encode, prompt)
+        return encode(prompt)
 
     async def _check_context(self, prompt_tokens: int, max_tokens: int) -> None:
         if self._max_model_len is None:

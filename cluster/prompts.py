@@ -7,6 +7,8 @@ Text is encoded without special tokens, exactly as ``replica.Engine`` does, so r
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from cluster.errors import BadRequest
@@ -46,6 +48,15 @@ class PromptEncoder:
     @property
     def vocab_size(self) -> int | None:
         return self._vocab
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for (its byte-level or piece string is at least as
+        long as the text it decodes to), so text longer than context x this cannot fit."""
+        if self._tok is None:
+            return 1 << 30  # token ids only: nothing to bound by
+        tokens = self._tok.convert_ids_to_tokens(list(range(len(self._tok))))
+        return max(len(t) for t in tokens if t is not None)
 
     def token_text(self, token_id: int) -> str:
         """One token as text (logprobs name tokens so); "token_id:N" without a tokenizer."""
