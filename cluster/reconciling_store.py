@@ -5,7 +5,9 @@ releases when it returns, but the admissions made locally never reach Redis. If 
 state (a restart without persistence), every bucket comes back full and a tenant could be served
 a second full bucket on top of what it used during the outage. This wrapper sums the local
 admissions per tenant and, on the first call after Redis is back, debits them from the shared
-buckets (``RedisQuotaStore.debit``: one request per admission and its tokens, no slot).
+buckets (``RedisQuotaStore.debit``: one request per admission and its tokens, no slot). Each
+admission is charged by its lease id, so a debit retried after a lost reply, or the local admission
+of a request whose Redis acquire ran but timed out, is charged once.
 
 Two orderings matter, because a restarted Redis hands its full bucket to whoever asks first:
 
@@ -33,8 +35,8 @@ class ReconcilingStore:
 
     def __init__(self, inner: RedisQuotaStore) -> None:
         self._inner = inner
-        # (tenant, limits) -> [requests, tokens] admitted locally and not yet debited from Redis.
-        self._owed: dict[tuple[str, LimitSpec], list[int]] = {}
+        # (tenant, limits) -> (lease id, tokens) of each admission made locally, not yet debited.
+        self._owed: dict[tuple[str, LimitSpec], list[tuple[str, int]]] = {}
         self._reconciling = asyncio.Lock()
         self.reconciled = 0
 
@@ -45,7 +47,7 @@ class ReconcilingStore:
         await self._reconcile_if_back()
         result = await self._inner.acquire(tenant_id, limits, lease_id, tokens)
         if result.admitted and result.backend != "redis":
-            self._owe(tenant_id, limits, 1, tokens)
+            self._owe(tenant_id, limits, [(lease_id, tokens)])
         return result
 
     async def release(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
@@ -59,10 +61,8 @@ class ReconcilingStore:
         await self._reconcile_if_back()
         return ok
 
-    def _owe(self, tenant_id: str, limits: LimitSpec, requests: int, tokens: int) -> None:
-        owed = self._owed.setdefault((tenant_id, limits), [0, 0])
-        owed[0] += requests
-        owed[1] += tokens
+    def _owe(self, tenant_id: str, limits: LimitSpec, charges: list[tuple[str, int]]) -> None:
+        self._owed.setdefault((tenant_id, limits), []).extend(charges)
 
     async def _reconcile_if_back(self) -> None:
         # No await on the common path (nothing owed, or Redis still down, and no debit on its way).
@@ -71,11 +71,11 @@ class ReconcilingStore:
         async with self._reconciling:  # callers that arrive meanwhile wait here for the debits
             done = 0
             while self._owed and not self._inner.degraded:
-                (tenant_id, limits), (requests, tokens) = self._owed.popitem()
-                if not await self._inner.debit(tenant_id, limits, requests, tokens):
-                    self._owe(tenant_id, limits, requests, tokens)  # Redis went again: next time
+                (tenant_id, limits), charges = self._owed.popitem()
+                if not await self._inner.debit(tenant_id, limits, charges):
+                    self._owe(tenant_id, limits, charges)  # Redis went again: next time, charged once
                     break
-                done += requests
+                done += len(charges)
         self.reconciled += done
         if done:
             log.warning("reconciled %d admissions made on local limits during the Redis outage", done)

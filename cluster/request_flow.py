@@ -98,7 +98,9 @@ class RequestRunner:
         )
         active = ActiveRequest(self, self.quotas, job, timing)
         try:
-            active.lease = await self.quotas.admit(job.tenant, len(job.prompt_ids), job.max_tokens)
+            active.lease = await self.quotas.admit(
+                job.tenant, len(job.prompt_ids), job.max_tokens, request_id=job.request_id
+            )
             timing.admitted = time.monotonic()
             queued = self.dispatcher.queue.make_request(
                 job.request_id, job.tenant.id, len(job.prompt_ids), job.max_tokens, timing.arrival

@@ -60,11 +60,17 @@ class QuotaManager:
             raise RequestLimitExceeded(tenant.id, "daily_token_budget", total, q.daily_token_budget)
         return total
 
-    async def admit(self, tenant: Tenant | str, prompt_tokens: int, max_tokens: int) -> Lease:
-        """Admit one request or raise ``RequestLimitExceeded`` / ``QuotaExceeded``."""
+    async def admit(
+        self, tenant: Tenant | str, prompt_tokens: int, max_tokens: int, request_id: str | None = None
+    ) -> Lease:
+        """Admit one request or raise ``RequestLimitExceeded`` / ``QuotaExceeded``.
+
+        ``request_id`` (server-made, never a client's) becomes the lease id: a shared store charges
+        one request once however often its calls are retried. None: a fresh id.
+        """
         tenant = self._tenant(tenant)
         tokens = self.check_request(tenant, prompt_tokens, max_tokens)
-        lease_id = uuid.uuid4().hex
+        lease_id = request_id or uuid.uuid4().hex
         result = await self._store.acquire(tenant.id, self._limits[tenant.id], lease_id, tokens)
         return self._lease_or_raise(tenant, result, lease_id, prompt_tokens, max_tokens)
 

@@ -60,6 +60,8 @@ class MemoryQuotaStore:
         state.rpm.refill(limits.requests_per_minute, now)
         state.tpm.refill(limits.tokens_per_minute, now)
         day = self._roll_day(state, now)
+        if lease_id in state.leases:  # a retry of an admitted request: admitted, charged once
+            return AcquireResult(True, None, 0.0, _rate_state(state, limits), day, self._backend)
         reason, retry = self._refusal(state, limits, tokens, now)
         if reason is None:
             state.rpm.level -= 1

@@ -9,6 +9,12 @@ a local ``MemoryQuotaStore`` with each limit scaled by ``fallback_fraction`` (se
 ``1 / number of routers`` to keep the cluster-wide total near the quota), releases of Redis
 leases are queued and replayed later, and every ``retry_interval`` seconds a background probe
 tries to reconnect. No call waits on Redis longer than ``op_timeout``.
+
+Buckets and slots run on Redis's ``TIME`` (one clock for every router), and each charge is marked
+with its request's lease id, so an acquire or a debit whose reply was lost charges once
+(``redis_scripts``). The reconnect probe first drops the client's pooled connections: after a Redis
+restart they are all dead, and each would otherwise fail one call and flap the store back into
+degraded mode.
 """
 
 from __future__ import annotations
@@ -35,13 +41,15 @@ from tenancy.store import SECONDS_PER_DAY, AcquireResult, LimitSpec, day_of
 log = logging.getLogger(__name__)
 
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+DEBIT_BATCH = 256  # requests per debit script call: keys per call stay few, a call stays short
 
 
 class RedisQuotaStore:
     """Shared quota state in Redis with a local fallback. One instance per router process.
 
-    ``clock`` defaults to ``time.time``: the routers sharing the state must agree on time (NTP
-    skew only shifts refills by the skew; a clock stepping back refills nothing).
+    ``clock`` is this router's: the local fallback's buckets and the reconnect schedule.
+    ``shared_clock`` is the shared state's: None (the default) is Redis's ``TIME``, so routers with
+    skewed clocks still agree; tests and simulations pass a clock of their own.
     """
 
     def __init__(
@@ -49,6 +57,7 @@ class RedisQuotaStore:
         client: Redis,
         prefix: str = "fairlane",
         clock: Callable[[], float] = time.time,
+        shared_clock: Callable[[], float] | None = None,
         op_timeout: float = 0.1,
         retry_interval: float = 2.0,
         lease_ttl: float = 900.0,
@@ -59,6 +68,7 @@ class RedisQuotaStore:
         self._client = client
         self._prefix = prefix
         self._clock = clock
+        self._shared_clock = shared_clock
         self._op_timeout = op_timeout
         self._retry_interval = retry_interval
         self._lease_ttl = lease_ttl
@@ -106,32 +116,46 @@ class RedisQuotaStore:
         base = f"{self._prefix}:{{{tenant_id}}}"
         return f"{base}:rpm", f"{base}:tpm", f"{base}:conc", f"{base}:budget:{day}"
 
+    def request_mark(self, tenant_id: str, lease_id: str) -> str:
+        """The key saying that this request was charged (by an acquire or a debit)."""
+        return f"{self._prefix}:{{{tenant_id}}}:req:{lease_id}"
+
+    def _now_arg(self) -> str:
+        """The scripts' ``now``: empty for Redis's TIME."""
+        return "" if self._shared_clock is None else repr(self._shared_clock())
+
+    def _today(self) -> int:
+        """The budget key's day: the shared clock's, or (with Redis's TIME) this router's."""
+        return day_of(self._clock() if self._shared_clock is None else self._shared_clock())
+
     async def acquire(self, tenant_id: str, limits: LimitSpec, lease_id: str, tokens: int) -> AcquireResult:
         if self._use_local():
             return self._local.acquire_sync(tenant_id, limits.scaled(self._fraction), lease_id, tokens)
-        now = self._clock()
-        day = day_of(now)
+        day = self._today()
         rpm, tpm, conc, budget = self.keys(tenant_id, day)
         args = [
-            repr(now),
+            self._now_arg(),
             limits.requests_per_minute,
             limits.tokens_per_minute,
             tokens,
             limits.max_concurrent,
             lease_id,
-            repr(now + self._lease_ttl),
+            repr(self._lease_ttl),
             -1 if limits.daily_token_budget is None else limits.daily_token_budget,
             2 * SECONDS_PER_DAY,
             math.ceil(self._lease_ttl * 1000),
         ]
+        keys = [rpm, tpm, conc, budget, self.request_mark(tenant_id, lease_id)]
         try:
             async with asyncio.timeout(self._op_timeout):
-                raw = await self._acquire(keys=[rpm, tpm, conc, budget], args=args)
+                raw = await self._acquire(keys=keys, args=args)
         except _FAILURES as exc:
+            # The script may have run (a lost reply): its charge and slot are undone by the debit of
+            # this local admission, which finds the request's mark (redis_scripts.DEBIT).
             self._enter_degraded(exc)
             return self._local.acquire_sync(tenant_id, limits.scaled(self._fraction), lease_id, tokens)
-        result = self._result(raw, limits, now, day)
-        self._last_seen[tenant_id] = (limits, float(raw[2]), float(raw[3]), now)
+        result = self._result(raw, limits, day)
+        self._last_seen[tenant_id] = (limits, float(raw[2]), float(raw[3]), self._clock())
         return result
 
     async def release(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
@@ -155,7 +179,7 @@ class RedisQuotaStore:
         if self.degraded:
             return True
         conc = self.keys(lease.tenant_id, lease.budget_day)[2]
-        args = [lease.lease_id, repr(self._clock() + self._lease_ttl), math.ceil(self._lease_ttl * 1000)]
+        args = [lease.lease_id, self._now_arg(), repr(self._lease_ttl), math.ceil(self._lease_ttl * 1000)]
         try:
             async with asyncio.timeout(self._op_timeout):
                 return bool(await self._renew(keys=[conc], args=args))
@@ -163,28 +187,34 @@ class RedisQuotaStore:
             self._enter_degraded(exc)
             return True
 
-    async def debit(self, tenant_id: str, limits: LimitSpec, requests: int, tokens: int) -> bool:
-        """Charge ``requests`` admissions and their ``tokens`` made on local limits to the shared
-        buckets and budget, into debt if need be (``redis_scripts.DEBIT``); no slot is taken.
+    async def debit(self, tenant_id: str, limits: LimitSpec, charges: list[tuple[str, int]]) -> bool:
+        """Charge admissions made on local limits, ``(lease id, tokens)`` each, to the shared buckets
+        and budget, into debt if need be (``redis_scripts.DEBIT``); no slot is taken. A request
+        charged already (a lost reply of its acquire or of an earlier try) is not charged again.
 
-        False, and degraded, when Redis did not answer: keep the charge for the next try.
+        False, and degraded, when Redis did not answer: keep the charges for the next try.
         """
-        now = self._clock()
-        rpm, tpm, _, budget = self.keys(tenant_id, day_of(now))
+        rpm, tpm, conc, budget = self.keys(tenant_id, self._today())
         cap = -1 if limits.daily_token_budget is None else limits.daily_token_budget
-        args = [repr(now), limits.requests_per_minute, limits.tokens_per_minute, requests, tokens, cap]
-        try:
-            async with asyncio.timeout(self._op_timeout):
-                await self._debit(keys=[rpm, tpm, budget], args=[*args, 2 * SECONDS_PER_DAY])
-        except _FAILURES as exc:
-            self._enter_degraded(exc)
-            return False
+        head = [self._now_arg(), limits.requests_per_minute, limits.tokens_per_minute, cap]
+        head += [2 * SECONDS_PER_DAY, math.ceil(2 * self._lease_ttl * 1000)]
+        for start in range(0, len(charges), DEBIT_BATCH):
+            batch = charges[start : start + DEBIT_BATCH]
+            marks = [self.request_mark(tenant_id, lease_id) for lease_id, _ in batch]
+            args = head + [x for lease_id, tokens in batch for x in (lease_id, tokens)]
+            try:
+                async with asyncio.timeout(self._op_timeout):
+                    await self._debit(keys=[rpm, tpm, budget, conc, *marks], args=args)
+            except _FAILURES as exc:
+                self._enter_degraded(exc)
+                return False
         return True
 
     async def probe(self) -> bool:
         """Try Redis now; on success leave degraded mode and replay queued releases."""
         try:
             async with asyncio.timeout(self._op_timeout):
+                await drop_pooled_connections(self._client)
                 await self._client.ping()
             while self._pending:
                 lease, limits, used = self._pending[0]
@@ -209,7 +239,7 @@ class RedisQuotaStore:
     async def _release_in_redis(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
         _, tpm, conc, budget = self.keys(lease.tenant_id, lease.budget_day)
         refund = lease.reserved_tokens - used_tokens
-        args = [repr(self._clock()), limits.tokens_per_minute, lease.lease_id, refund]
+        args = [self._now_arg(), limits.tokens_per_minute, lease.lease_id, refund]
         async with asyncio.timeout(self._op_timeout):
             return bool(await self._release(keys=[tpm, conc, budget], args=args))
 
@@ -237,8 +267,9 @@ class RedisQuotaStore:
             f = self._fraction
             self._local.seed(tenant_id, limits.scaled(f), f * requests, f * tokens, at)
 
-    def _result(self, raw: list[Any], limits: LimitSpec, now: float, day: int) -> AcquireResult:
+    def _result(self, raw: list[Any], limits: LimitSpec, day: int) -> AcquireResult:
         reason = _text(raw[0]) or None
+        now = float(raw[6])
         retry = float(raw[1])
         if reason == "concurrency":
             retry = self._concurrency_retry_after
@@ -250,6 +281,12 @@ class RedisQuotaStore:
             rpm, math.floor(rl), (rpm - rl) * 60.0 / rpm, tpm, math.floor(tl), (tpm - tl) * 60.0 / tpm
         )
         return AcquireResult(reason is None, reason, retry, state, day, "redis")  # type: ignore[arg-type]
+
+
+async def drop_pooled_connections(client: Redis) -> None:
+    """Close every pooled connection (each reconnects on its next use). After a failure the others
+    are likely dead too (a Redis restart), and each would fail one call of its own."""
+    await client.connection_pool.disconnect()
 
 
 def _text(value: object) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from tenancy import LimitSpec, RedisQuotaStore
 
@@ -18,8 +17,8 @@ def hammer(
 async def _hammer(
     url: str, prefix: str, limits: LimitSpec, attempts: int, fixed_now: float | None
 ) -> tuple[int, int]:
-    clock = (lambda: fixed_now) if fixed_now is not None else time.time
-    store = RedisQuotaStore.from_url(url, prefix=prefix, clock=clock, op_timeout=2.0)
+    shared_clock = (lambda: fixed_now) if fixed_now is not None else None  # None: Redis's TIME
+    store = RedisQuotaStore.from_url(url, prefix=prefix, shared_clock=shared_clock, op_timeout=2.0)
     admitted = degraded = 0
     try:
         for i in range(attempts):

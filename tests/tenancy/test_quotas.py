@@ -50,7 +50,7 @@ async def manager(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIter
         store = MemoryQuotaStore(clock=clock)
     else:
         url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
-        store = RedisQuotaStore.from_url(url, prefix=prefix, clock=clock, op_timeout=1.0)
+        store = RedisQuotaStore.from_url(url, prefix=prefix, clock=clock, shared_clock=clock, op_timeout=1.0)
     yield QuotaManager(CONFIG, store, clock=clock)
     assert not store.degraded
     await store.close()

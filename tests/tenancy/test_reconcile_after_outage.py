@@ -7,6 +7,7 @@ The clock is frozen (no refill), so every count is exact: whatever a restarted R
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from cluster.reconciling_store import ReconcilingStore
 from tenancy import LimitSpec, RedisQuotaStore
@@ -19,14 +20,21 @@ LIMITS = LimitSpec(RPM, 10**9, 10**6)
 
 def router(url: str, clock: FakeClock) -> ReconcilingStore:
     inner = RedisQuotaStore.from_url(
-        url, prefix="reconcile", clock=clock, op_timeout=0.5, retry_interval=3600.0, fallback_fraction=0.5
+        url,
+        prefix="reconcile",
+        clock=clock,
+        shared_clock=clock,
+        op_timeout=0.5,
+        retry_interval=3600.0,
+        fallback_fraction=0.5,
     )
     return ReconcilingStore(inner)
 
 
 async def admit_all(store: ReconcilingStore, attempts: int = 3 * RPM, tenant: str = "hot") -> int:
     """Admissions of ``attempts`` tries one after the other (frozen clock: until the bucket is empty)."""
-    results = [await store.acquire(tenant, LIMITS, f"l{tenant}{i}", 1) for i in range(attempts)]
+    # Each try is a new request: a fresh lease id (a repeated id is a retry of one request, charged once).
+    results = [await store.acquire(tenant, LIMITS, uuid.uuid4().hex, 1) for _ in range(attempts)]
     return sum(r.admitted for r in results)
 
 

@@ -20,7 +20,9 @@ CONFIG = make_config(
 
 
 def store(url: str, prefix: str, clock: FakeClock, **kwargs: object) -> RedisQuotaStore:
-    return RedisQuotaStore.from_url(url, prefix=prefix, clock=clock, **{"op_timeout": 1.0, **kwargs})
+    return RedisQuotaStore.from_url(
+        url, prefix=prefix, clock=clock, shared_clock=clock, **{"op_timeout": 1.0, **kwargs}
+    )
 
 
 async def test_keys_are_namespaced_hash_tagged_and_expire(redis_url: str, redis_prefix: str) -> None:
@@ -30,7 +32,7 @@ async def test_keys_are_namespaced_hash_tagged_and_expire(redis_url: str, redis_
     await manager.admit("acme", 10, 10)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = sorted(client.scan_iter(match=f"{redis_prefix}:*"))
-    assert [k.split(":")[1] for k in keys] == ["{acme}"] * 4
+    assert [k.split(":")[1] for k in keys] == ["{acme}"] * 5  # rpm, tpm, conc, budget, the request's mark
     assert all(client.pttl(k) > 0 for k in keys)
     assert not any("sk-" in k for k in keys)
     client.close()
@@ -107,7 +109,13 @@ async def test_outage_degrades_to_local_limits_then_reconnects() -> None:
     server = RedisProcess().start()
     clock = FakeClock()
     s = RedisQuotaStore.from_url(
-        server.url, prefix="outage", clock=clock, op_timeout=0.1, retry_interval=5.0, fallback_fraction=0.5
+        server.url,
+        prefix="outage",
+        clock=clock,
+        shared_clock=clock,
+        op_timeout=0.1,
+        retry_interval=5.0,
+        fallback_fraction=0.5,
     )
     manager = QuotaManager(CONFIG, s, clock=clock)
     try:

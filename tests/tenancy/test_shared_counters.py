@@ -69,3 +69,28 @@ async def test_redis_outage_keeps_the_growth_for_later() -> None:
     finally:
         await client.aclose()
         server.kill()
+
+
+async def test_a_sync_whose_reply_is_lost_counts_once(redis_url: str, redis_prefix: str) -> None:
+    client = Redis.from_url(redis_url)
+    router, other = _queue(), _queue()
+    share, share_other = SharedCounters(client, redis_prefix), SharedCounters(client, redis_prefix)
+    _push(router, "alice", "a1", prompt=70)
+    router.pop_next()  # alice: 70 on this router
+    exchange = share._exchange
+
+    async def reply_lost(mine: dict[str, float]) -> dict[str, float]:
+        await exchange(mine)  # applied in Redis, then the reply times out
+        raise TimeoutError
+
+    share._exchange = reply_lost
+    assert not await share.sync(router)
+    share._exchange = exchange
+    _push(router, "alice", "a2", prompt=30)
+    router.pop_next()  # 30 more while the first batch is unconfirmed
+    assert await share.sync(router)  # the first batch again (not applied twice), then the 30
+    assert await share.sync(router)
+    assert await share_other.sync(other)
+    assert other.counter("alice") == 100.0  # before: 170 (the lost batch was published twice)
+    assert router.counter("alice") == 100.0
+    await client.aclose()
