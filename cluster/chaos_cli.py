@@ -133,3 +133,53 @@ def redis_cmd(
 
     target = _target(url, key, admin_key, routers)
     show(asyncio.run(redis_outage(target, down, up, (tenant, tenant_key, metered_rpm))), json_out)
+
+
+@chaos_app.command("soak")
+def soak_cmd(
+    url: str = URL,
+    key: list[str] = KEYS,
+    admin_key: str = ADMIN,
+    routers: int = ROUTERS,
+    duration_s: float = typer.Option(1800.0, "--duration-s", help="Length of the run."),
+    max_requests: int = typer.Option(200_000, "--max-requests", help="Or stop after this many requests."),
+    cycle_s: float = typer.Option(60.0, "--cycle-s", help="Seconds between two faults."),
+    window_s: float = typer.Option(600.0, "--window-s", help="Memory windows: first and last this long."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster: replica kills."),
+    app_name: str = typer.Option("fairlane", "--app", help="Serve application name (replica kills)."),
+    redis_down: str | None = typer.Option(None, "--redis-down", help="Shell command that stops Redis."),
+    redis_up: str | None = typer.Option(None, "--redis-up", help="Shell command that starts Redis again."),
+    json_out: Path | None = JSON_OUT,
+) -> None:
+    """A long mixed run with storms, bursts, replica kills and Redis restarts: 0 lost, 0 hung,
+    balanced books, flat memory, and everything held back at its baseline at the end."""
+    from cluster.chaos_soak import SoakFaults, SoakPlan, soak, targets_met
+
+    faults = SoakFaults()
+    if ray_address is not None:
+        import ray
+
+        from cluster.chaos_ray import ReplicaKiller
+
+        ray.init(address=ray_address, namespace="serve", log_to_driver=False)
+        killer = ReplicaKiller(app_name)
+        faults = SoakFaults(kill_replica=killer.kill, replica_recovered=killer.recovered)
+    if redis_down and redis_up:
+
+        async def run(cmd: str) -> None:
+            await asyncio.to_thread(subprocess.run, cmd, shell=True, check=True)
+
+        async def down() -> None:
+            await run(redis_down)
+
+        async def up() -> None:
+            await run(redis_up)
+
+        faults = SoakFaults(faults.kill_replica, faults.replica_recovered, down, up)
+    plan = SoakPlan(duration_s=duration_s, max_requests=max_requests, cycle_s=cycle_s, window_s=window_s)
+    report = asyncio.run(soak(_target(url, key, admin_key, routers), faults, plan))
+    show(report, json_out)
+    missed = targets_met(report)
+    if missed:
+        console.print("targets missed: " + "; ".join(missed))
+        raise typer.Exit(1)

@@ -1,7 +1,6 @@
 """The HTTP ingress: OpenAI routes, health, metrics, SLA reports and admin, under ``serve.ingress``."""
 
 import logging
-import os
 import uuid
 from typing import Any
 
@@ -20,6 +19,7 @@ from cluster.drain import RouterDrain
 from cluster.errors import Draining, Forbidden, error_response
 from cluster.job_builder import JobBuilder
 from cluster.openai_schemas import ChatCompletionRequest, CompletionRequest
+from cluster.process_memory import rss_bytes
 from cluster.prompts import PromptEncoder
 from cluster.replica_monitor import ReplicaMonitor, running_replicas
 from cluster.request_flow import ActiveRequest
@@ -56,15 +56,6 @@ async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
 
 
 # Above the class: serve.ingress serializes the routes (and the globals they use) as it decorates.
-def rss_bytes() -> int:
-    """Resident memory of this router process (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 @serve.ingress(api)
 class Ingress:
     """One router: authenticates, admits, queues fairly, dispatches and streams."""
@@ -284,5 +275,6 @@ class Ingress:
             "draining": self.drain.draining,
             "quota_store_degraded": self.core.tenancy.quotas.degraded,
             "waiters": self.core.dispatcher.waiters,
+            "tracked_ids": self.core.dispatcher.tracked_ids,
             "rss_bytes": rss_bytes(),
         }

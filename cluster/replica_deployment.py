@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from cluster.process_memory import rss_bytes
 from cluster.wire import GenerateArgs, error_item, merge_items, output_item
 from cluster.word_tokenizer import attach_to_engine, word_tokenizer
 from replica import Engine, EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
@@ -93,6 +94,7 @@ class ReplicaServer:
             "kv_blocks_free": s.kv_blocks_free,
             "num_preemptions": s.num_preemptions,
             "output_tokens_per_s": s.output_tokens_per_s,
+            "rss_bytes": rss_bytes(),
         }
 
     def record_routing_stats(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from ray import serve
@@ -22,6 +23,7 @@ from cluster.request_timing import TimingRecorder
 
 log = logging.getLogger(__name__)
 PROFILE_EVERY = 5  # polls between profile calls (the summary sorts the step history)
+STALE_POLLS = 40  # a replica's load unseen for this many polls is dropped (each poll asks one replica)
 
 
 def running_replicas(app_name: str, deployment: str) -> int | None:
@@ -97,7 +99,11 @@ class ReplicaMonitor:
     async def _poll_load(self, profile: bool) -> None:
         try:
             load = await asyncio.wait_for(self._handle.load.remote(), self._interval * 2)
-            self.loads[load["replica_id"]] = load
+            now = time.monotonic()
+            self.loads[load["replica_id"]] = load | {"polled_at": now}
+            # A replaced replica stops answering: its last load goes, so the map holds live ones only.
+            stale = now - STALE_POLLS * self._interval
+            self.loads = {rid: v for rid, v in self.loads.items() if v["polled_at"] >= stale}
             self._metrics.observe_load(load)
             if profile:
                 summary = await asyncio.wait_for(self._handle.profile.remote(), self._interval * 2)
