@@ -21,6 +21,9 @@ from cluster.kv_router import KVAwareRouter
 from cluster.replica_deployment import ReplicaServer
 
 ROUTING_STATS_PERIOD_S = 0.5
+# How often a stopping replica counts its in-flight requests (Serve's default is 2 s): it exits, and
+# gives its GPU back, this soon after its last stream ends.
+SHUTDOWN_WAIT_LOOP_S = 0.5
 
 
 def replica_gpus(config: AppConfig) -> float:
@@ -46,7 +49,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
             request_routing_stats_timeout_s=5.0,
         ),
         "health_check_period_s": 5.0,
-        "graceful_shutdown_timeout_s": 5.0,
+        **graceful_shutdown(config),
         "logging_config": serve_logging(config),
     }
     a = config.autoscaling
@@ -56,7 +59,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=a.min_replicas,
             max_replicas=a.max_replicas,
-            initial_replicas=a.min_replicas,
+            initial_replicas=a.initial_replicas or a.min_replicas,
             target_ongoing_requests=a.target_ongoing_requests,
             upscale_delay_s=a.upscale_delay_s,
             downscale_delay_s=a.downscale_delay_s,
@@ -64,6 +67,15 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
             look_back_period_s=max(2.0, 4 * a.metrics_interval_s),
         )
     return opts
+
+
+def graceful_shutdown(config: AppConfig) -> dict[str, Any]:
+    """How a stopping replica (or router) ends: Serve routes nothing new to it, waits up to the bound
+    for its in-flight requests, then kills it. A bound shorter than an answer cuts that answer."""
+    return {
+        "graceful_shutdown_timeout_s": config.graceful_shutdown_s,
+        "graceful_shutdown_wait_loop_s": SHUTDOWN_WAIT_LOOP_S,
+    }
 
 
 def serve_logging(config: AppConfig) -> dict[str, Any]:
@@ -78,6 +90,8 @@ def router_options(config: AppConfig) -> dict[str, Any]:
         "num_replicas": config.num_routers,
         "ray_actor_options": {"num_cpus": 0},
         "max_ongoing_requests": 10_000,
+        # A router holds each client's stream until the replica's ends: it may not stop sooner.
+        **graceful_shutdown(config),
         "logging_config": serve_logging(config),
     }
 

@@ -8,6 +8,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The longest answer a replica may be asked for when ``engine.max_model_len`` is None: the engine's
+# own context cap (``replica.engine.MAX_CONTEXT_CAP``; not imported: that would load torch here).
+ENGINE_CONTEXT_CAP = 8192
+# The slowest decode, per stream, that a replica's stop still waits out: below 10 tokens/s even the
+# interactive class's TPOT target (0.1 s) is missed. A slower (CPU) replica needs a larger bound.
+SLOWEST_DECODE_TOKENS_PER_S = 10.0
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -41,6 +48,11 @@ class AutoscalingSettings(_Frozen):
 
     min_replicas: int = Field(default=1, ge=1, description="Replicas kept when idle.")
     max_replicas: int = Field(default=2, ge=1, description="Replicas at most.")
+    initial_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="Replicas started with the app (warm for expected load); None = min_replicas.",
+    )
     target_ongoing_requests: float = Field(
         default=2.0, gt=0, description="Ongoing requests per replica aimed at."
     )
@@ -54,6 +66,9 @@ class AutoscalingSettings(_Frozen):
     def _bounds(self) -> AutoscalingSettings:
         if self.max_replicas < self.min_replicas:
             raise ValueError("max_replicas must be >= min_replicas")
+        initial = self.initial_replicas
+        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
+            raise ValueError("initial_replicas must lie between min_replicas and max_replicas")
         return self
 
 
@@ -136,6 +151,16 @@ class AppConfig(_Frozen):
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="On shutdown: longest wait for in-flight requests to finish."
     )
+    replica_graceful_shutdown_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Longest wait of a stopping replica or router (scale-down, rolling update) for its in-flight "
+            "requests; Serve routes nothing new to it meanwhile and kills it after. None = long enough "
+            "for the longest answer: first_token_timeout_s + the context (engine.max_model_len, else "
+            "8192 tokens) at 10 tokens/s. A stop ends as soon as its streams do."
+        ),
+    )
     redis_fallback_fraction: float | None = Field(
         default=None,
         gt=0,
@@ -160,6 +185,20 @@ class AppConfig(_Frozen):
     def fallback_fraction(self) -> float:
         # 1/N keeps N routers together near the quota during a Redis outage (one refill window at most).
         return self.redis_fallback_fraction or 1.0 / self.num_routers
+
+    @property
+    def graceful_shutdown_s(self) -> float:
+        """How long a stopping replica or router waits for its in-flight requests.
+
+        The derived default covers a maximum-length answer: the first-token wait, then every
+        token of the context at the slowest decode served. It is a cap, not a delay: the stop ends
+        when the last stream does, and a stream that stalls is ended by the router's
+        ``token_timeout_s``, which cancels it on the replica too.
+        """
+        if self.replica_graceful_shutdown_s is not None:
+            return self.replica_graceful_shutdown_s
+        longest = self.engine.max_model_len or ENGINE_CONTEXT_CAP
+        return self.first_token_timeout_s + longest / SLOWEST_DECODE_TOKENS_PER_S
 
     @property
     def replica_max_ongoing(self) -> int:

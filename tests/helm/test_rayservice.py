@@ -215,6 +215,7 @@ def test_pod_annotations_change_when_tenants_change(default: Rendered) -> None:
         ({"gpuWorkers": {"replicas": 9}}, "gpuWorkers.replicas (9) must lie between"),
         ({"gpuWorkers": {"minReplicas": 3, "replicas": 2}}, "must lie between"),
         ({"app": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "max_replicas must be >="),
+        ({"app": {"autoscaling": {"initial_replicas": 5}}}, "initial_replicas must lie between"),
         (
             {"app": {"autoscaling": {"max_replicas": 8}}},
             "needs 8 GPUs but gpuWorkers.maxReplicas x gpusPerPod gives 4",

@@ -68,6 +68,10 @@ def test_autoscaling_reaches_the_replica_deployment_args(all_options: Rendered) 
     auto = AppConfig.model_validate(all_options.app_args).autoscaling
     assert auto is not None
     assert (auto.min_replicas, auto.max_replicas, auto.target_ongoing_requests) == (2, 8, 6.0)
+    assert auto.initial_replicas == 3
+    config = AppConfig.model_validate(all_options.app_args)
+    assert config.graceful_shutdown_s == 600.0  # the stop bound of replicas and routers
+    assert AppConfig.model_validate(render().app_args).replica_graceful_shutdown_s is None  # derived
     fixed = render({"app": {"autoscaling": None, "num_replicas": 3}})
     config = AppConfig.model_validate(fixed.app_args)
     assert config.autoscaling is None and config.num_replicas == 3

@@ -160,6 +160,9 @@ applications:
 {{- if lt (int $a.max_replicas) (int $a.min_replicas) }}
 {{- fail "app.autoscaling.max_replicas must be >= app.autoscaling.min_replicas" }}
 {{- end }}
+{{- if and (not (kindIs "invalid" $a.initial_replicas)) (or (lt (int $a.initial_replicas) (int $a.min_replicas)) (gt (int $a.initial_replicas) (int $a.max_replicas))) }}
+{{- fail "app.autoscaling.initial_replicas must lie between min_replicas and max_replicas" }}
+{{- end }}
 {{- $need := mulf (float64 $a.max_replicas) (float64 (default 1.0 .Values.app.replica_num_gpus)) }}
 {{- $have := float64 (mul (int $w.maxReplicas) (int $w.gpusPerPod)) }}
 {{- if gt $need $have }}
