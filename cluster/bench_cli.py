@@ -44,7 +44,7 @@ def bench_engine(
         return
     if workload != "lockstep":
         raise typer.BadParameter("workload is lockstep or trace", param_hint="--workload")
-    from replica import bench
+    from bench import engine_lockstep as bench
 
     argv = [
         "--model", model, "--device", device, "--concurrency", str(concurrency),

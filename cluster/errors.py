@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from replica import InvalidRequestError
+from replica.errors import InvalidRequestError
 from tenancy import AuthenticationError, QueueFull, QuotaExceeded, RequestLimitExceeded, TenancyError
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@
 take top-k from {20, 50, 100}, a fifth one penalty (frequency or presence U(0.1, 0.5), or repetition
 U(1.05, 1.2)) and a tenth min-p 0.05; each sampled request carries its own seed. The fields are the
 OpenAI API's and vLLM's extras, so any server that takes vLLM's fields takes these bodies. Numpy
-only: the engine's trace benchmark (`replica/bench_trace.py`) draws the same mix.
+only: the engine's trace benchmark (`bench/engine_trace.py`) draws the same mix.
 """
 
 from __future__ import annotations

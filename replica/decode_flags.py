@@ -1,6 +1,6 @@
 """The engine's decode-kernel knobs as command-line flags, for the tools that A/B them on the GPU.
 
-`replica.bench` and `replica.kernel_profile` take the same flags; their defaults are
+`bench.engine_lockstep` and `bench.kernel_profile` take the same flags; their defaults are
 EngineConfig's, so a run without flags measures the engine as it ships.
 """
 

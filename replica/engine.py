@@ -24,7 +24,7 @@ from collections.abc import Sequence as SeqOf
 
 import torch
 
-from replica.attention import DecodeKernelShape
+from replica.attention_metadata import DecodeKernelShape
 from replica.block_manager import BlockManager
 from replica.config import EngineConfig
 from replica.detokenizer import IncrementalDetokenizer

@@ -1,6 +1,6 @@
 """Host time to prepare one decode step, measured alone: schedule + fill the IO buffers.
 
-    python -m replica.bench --modes prepare --batch 256 --prompt-len 256
+    python -m bench.engine_lockstep --modes prepare --batch 256 --prompt-len 256
 
 Builds `num_seqs` running sequences (no model, no device work), then runs the steady decode cycle
 the async loop runs: plan a step, fill its inputs, and read back the step before it (append one

@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 from replica.attention import (
-    AttentionMetadata,
     fused_rope_decode,
     fuses_rope_into_decode,
     paged_attention,
     write_kv,
 )
+from replica.attention_metadata import AttentionMetadata
 from replica.rope import RotaryEmbedding
 from replica.sampler import greedy_pick
 
@@ -30,7 +30,7 @@ def project(linear: nn.Linear, x: torch.Tensor, k_slices: int, triton: bool = Fa
     if triton or k_slices > 1:
         assert linear.bias is None, "K-slice partials carry no bias"
     if triton:
-        from replica import triton_gemm
+        import replica.triton_gemm as triton_gemm
 
         if triton_gemm.supports(x, linear.weight, k_slices):  # decode-sized, whole K tiles
             return triton_gemm.linear_partials_triton(x, linear.weight, k_slices)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from replica.attention import AttentionMetadata, DecodeKernelShape
+from replica.attention_metadata import AttentionMetadata, DecodeKernelShape
 
 MAX_CHUNKS = 16  # prompt chunks one mixed graph takes; the flash grid grows with it
 

@@ -22,8 +22,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from replica import mixed_graphs as mixed
-from replica.attention import AttentionMetadata, DecodeKernelShape, PrefillChunk
+import replica.mixed_graphs as mixed
+from replica.attention_metadata import AttentionMetadata, DecodeKernelShape, PrefillChunk
 from replica.cuda_graphs import DecodeGraphs
 from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM

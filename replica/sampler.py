@@ -19,24 +19,11 @@ chain with torch ops (the CPU path); `replica/triton_sampler.py` runs it in one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from replica.sampling_tensors import MAX_CHAIN, SamplingTensors
+
 _MASK32 = 0xFFFFFFFF
-MAX_CHAIN = 64  # checks before the chain stops at its latest link (never seen reached)
-
-
-@dataclass
-class SamplingTensors:
-    """Per-row parameters of a step's sample rows, on the device."""
-
-    temperature: torch.Tensor  # [S] float32, 0 = greedy
-    top_k: torch.Tensor  # [S] int64, 0 = off (1 = greedy)
-    top_p: torch.Tensor  # [S] float32, 1 = off
-    min_p: torch.Tensor  # [S] float32, 0 = off
-    seed: torch.Tensor  # [S] int64 (32-bit values)
-    position: torch.Tensor  # [S] int64: index of the output token being drawn
 
 
 def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:

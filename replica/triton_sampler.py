@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replica.sampler import MAX_CHAIN, SamplingTensors
+from replica.sampling_tensors import MAX_CHAIN, SamplingTensors
 from replica.triton_noise import _gumbel, _row_setup
 from replica.triton_top_k import top_k_floor
 

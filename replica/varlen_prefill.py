@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from replica.attention import AttentionMetadata, PrefillChunk
+from replica.attention_metadata import AttentionMetadata, PrefillChunk
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 

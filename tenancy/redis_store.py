@@ -32,7 +32,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from tenancy import redis_scripts
+import tenancy.redis_scripts as redis_scripts
 from tenancy.lease import Lease
 from tenancy.memory_store import MemoryQuotaStore
 from tenancy.ratelimit_headers import RateLimitState

@@ -1,4 +1,4 @@
-"""Derive H200 step-time models from the GPU engine benchmarks (``python -m replica.bench`` JSONs).
+"""Derive H200 step-time models from the GPU engine benchmarks (``python -m bench.engine_lockstep`` JSONs).
 
     python -m loadtest.sim.derive_gpu_models /work/.device/4
 

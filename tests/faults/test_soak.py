@@ -50,7 +50,9 @@ def test_short_soak_loses_nothing_and_leaks_nothing(soak_app) -> None:
     report = asyncio.run(soak(target(url), faults, plan))
     f = report.figures
     assert_accounted(report)
-    assert [x for x in ("storm", "burst", "redis_restart", "replica_kill") if x not in f["fault_log"]] == [], f
+    assert [
+        x for x in ("storm", "burst", "redis_restart", "replica_kill") if x not in f["fault_log"]
+    ] == [], f
     assert f["lost"] == 0 and f["hung"] == 0, f
     assert report.client["completed"] > 0, report.client
     for held in ("in_flight", "queued", "waiters", "tracked_ids", "leases", "kv_blocks_used"):

@@ -210,8 +210,8 @@ def test_triton_output_projection_runs_in_the_engine_and_async_equals_sync(monke
 
 
 def test_float32_greedy_equals_transformers():
-    from replica.bench_baselines import hf_generate
-    from replica.hf_reference import hf_model_like
+    from bench.engine_baselines import hf_generate
+    from bench.hf_reference import hf_model_like
     from replica.model_loader import load_model
 
     prompts = _prompts(6, 49152, seed=3)
@@ -287,7 +287,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def test_fused_and_unfused_paths_give_the_same_logits():
-    from replica.attention import AttentionMetadata
+    from replica.attention_metadata import AttentionMetadata
     from replica.model_loader import load_model
 
     loaded = load_model("llama-3.2-1b", torch.device("cuda"), torch.bfloat16, True, 0)
@@ -301,7 +301,7 @@ def test_fused_and_unfused_paths_give_the_same_logits():
         decode_context_lens=torch.zeros(0, dtype=torch.long, device="cuda"),
         prefills=[], decode_backend="triton",
     )  # fmt: skip
-    from replica.attention import PrefillChunk
+    from replica.attention_metadata import PrefillChunk
 
     meta.prefills = [PrefillChunk(0, tokens, tokens, torch.arange(1, 5, device="cuda"))]
     logits = {}

@@ -189,7 +189,7 @@ def test_sampled_steps_never_sync_with_the_host():
 
 
 def test_logprobs_equal_transformers_in_float32():
-    from replica.hf_reference import hf_model_like
+    from bench.hf_reference import hf_model_like
     from replica.model_loader import load_model
 
     prompts = _prompts(3, seed=10)

@@ -10,7 +10,8 @@ import itertools
 import pytest
 import torch
 
-from replica.attention import AttentionMetadata, PrefillChunk, paged_attention, write_kv
+from replica.attention import paged_attention, write_kv
+from replica.attention_metadata import AttentionMetadata, PrefillChunk
 from replica.varlen_prefill import flash_varlen_available
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,6 +1,6 @@
 """Device time of the sampler's parts, alone: penalties, the draw under each filter, logprobs.
 
-    python -m replica.sampler_bench --json out.json
+    python -m bench.sampler --json out.json
 
 Rows of random logits (scaled so the tempered distribution is peaked or flat) at the batch sizes
 and vocabularies of the engine benchmarks; each part timed with CUDA events over a graph of 20

@@ -9,7 +9,7 @@ Three kernels per shape: cuBLAS alone (parts 1), K-slice partials as a batched c
 and the Triton partials kernel (`triton`, replica/triton_gemm.py). Last, the greedy pick after the
 LM head: float32 cast plus torch's argmax against replica/triton_greedy.py.
 
-    python -m replica.decode_gemm_bench --rows 32 --parts 2,4,8 --json out.json
+    python -m bench.decode_gemm --rows 32 --parts 2,4,8 --json out.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from replica.decode_attention_bench import time_graph
+from bench.decode_attention import time_graph
 from replica.triton_fused import add_rmsnorm, linear_partials, silu_mul
 from replica.triton_gemm import MAX_ROWS, linear_partials_triton
 from replica.triton_greedy import greedy_tokens

@@ -1,4 +1,4 @@
-"""The transformers baselines of the engine benchmark (`replica/bench.py`): `generate` on the whole
+"""The transformers baselines of the engine benchmark (`bench/engine_lockstep.py`): `generate` on the whole
 batch or one request at a time, and transformers' own continuous batching (`generate_batch`) in a
 child process with its own time limit. They run on the weights the engine ran (same preset, seed).
 """
@@ -15,7 +15,7 @@ from replica.model_loader import LoadedModel
 
 
 def run_hf(args, loaded: LoadedModel, prompts: list[list[int]], batched: bool) -> dict:
-    from replica.hf_reference import hf_model_like
+    from bench.hf_reference import hf_model_like
 
     model = hf_model_like(loaded)
     if not batched:
@@ -58,7 +58,7 @@ def run_hf_cb(args, loaded: LoadedModel, prompts: list[list[int]]) -> dict:
     """transformers' own continuous batching (`generate_batch`), async batching on where it exists."""
     from transformers import GenerationConfig
 
-    from replica.hf_reference import hf_model_like
+    from bench.hf_reference import hf_model_like
 
     model = hf_model_like(loaded)
     generation = GenerationConfig(
@@ -103,7 +103,16 @@ def hf_cb_in_child(args) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "hf_cb.json"
-        argv = [sys.executable, "-m", "replica.bench", "--modes", "hf-cb", "--in-child", "--json", str(out)]
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.engine_lockstep",
+            "--modes",
+            "hf-cb",
+            "--in-child",
+            "--json",
+            str(out),
+        ]
         for name in ("model", "device", "prompt_len", "max_tokens", "max_batched_tokens"):
             argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         argv += ["--batch", str(args.concurrency)] + (["--random-weights"] if args.random_weights else [])

@@ -6,7 +6,7 @@ them. It reports microseconds per call and the cache bytes read per second for e
 a device-to-device copy's rate (read + write, as the engine benchmark's roofline counts it), and
 checks every setting's output against the single-split kernel.
 
-    python -m replica.decode_attention_bench --contexts 256,512,768 --json out.json
+    python -m bench.decode_attention --contexts 256,512,768 --json out.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from replica.roofline import copy_bandwidth_gbps
+from bench.roofline import copy_bandwidth_gbps
 from replica.triton_decode import default_splits, paged_decode_attention
 
 

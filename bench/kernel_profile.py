@@ -1,6 +1,6 @@
 """Where a step's time goes: top kernels (device) and top ops (host) from torch.profiler (CUDA only).
 
-python -m replica.kernel_profile --model llama-3.1-8b --random-weights --batch 32 --json out.json
+python -m bench.kernel_profile --model llama-3.1-8b --random-weights --batch 32 --json out.json
 
 Phases: `decode` (steady decode, CUDA graphs), `prefill` (prompts only), `mixed` (prompts arrive
 while others decode: the eager steps of a serving replica, whose host launch time is the question).
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
-from replica.bench import make_prompts
+from bench.engine_lockstep import make_prompts
 from replica.config import EngineConfig
 from replica.decode_flags import add_decode_flags, decode_config
 from replica.engine import Engine

@@ -1,6 +1,7 @@
 """Engine benchmark: our engine (async and sync) against transformers, side by side in one run.
 
-    python -m replica.bench --model smollm2-135m --device cpu --concurrency 16 --max-tokens 128 --json o.json
+    python -m bench.engine_lockstep --model smollm2-135m --device cpu --concurrency 16
+        --max-tokens 128 --json o.json
 
 Every request generates exactly --max-tokens tokens (EOS ignored), so modes do the same work.
 --sampling runs each engine mode under several profiles (greedy; sampled: temperature 0.8, top-p
@@ -27,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from replica.bench_baselines import hf_cb_in_child, load_only, run_hf, run_hf_cb
+from bench.engine_baselines import hf_cb_in_child, load_only, run_hf, run_hf_cb
+from bench.roofline import roofline
 from replica.config import EngineConfig
 from replica.decode_flags import add_decode_flags, decode_config
 from replica.engine import Engine
-from replica.roofline import roofline
 from replica.sampling_params import SamplingParams
 
 MODES = ("async", "sync", "hf", "hf-single", "hf-cb", "prepare")
