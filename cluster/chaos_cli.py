@@ -149,19 +149,53 @@ def soak_cmd(
     app_name: str = typer.Option("fairlane", "--app", help="Serve application name (replica kills)."),
     redis_down: str | None = typer.Option(None, "--redis-down", help="Shell command that stops Redis."),
     redis_up: str | None = typer.Option(None, "--redis-up", help="Shell command that starts Redis again."),
+    serve_config: Path | None = typer.Option(
+        None, "--serve-config", help="Start the cluster here first (local Ray) with this app config."
+    ),
     json_out: Path | None = JSON_OUT,
 ) -> None:
     """A long mixed run with storms, bursts, replica kills and Redis restarts: 0 lost, 0 hung,
-    balanced books, flat memory, and everything held back at its baseline at the end."""
-    from cluster.chaos_soak import SoakFaults, SoakPlan, soak, targets_met
+    balanced books, flat memory, and everything held back at its baseline at the end.
 
-    faults = SoakFaults()
+    With --serve-config the cluster runs in this process (replica kills need no --ray-address)."""
+    if serve_config is not None:
+        from cluster.config import load_app_config
+        from cluster.local_cluster import APP_NAME, local_cluster
+
+        cfg = load_app_config(serve_config, {})
+        with local_cluster(cfg) as base_url:
+            _soak(base_url, key, admin_key, cfg.num_routers, duration_s, max_requests, cycle_s, window_s,
+                  APP_NAME, redis_down, redis_up, json_out, in_ray=True)  # fmt: skip
+        return
     if ray_address is not None:
         import ray
 
+        ray.init(address=ray_address, namespace="serve", log_to_driver=False)
+    _soak(url, key, admin_key, routers, duration_s, max_requests, cycle_s, window_s,
+          app_name, redis_down, redis_up, json_out, in_ray=ray_address is not None)  # fmt: skip
+
+
+def _soak(
+    url: str,
+    key: list[str] | None,
+    admin_key: str,
+    routers: int,
+    duration_s: float,
+    max_requests: int,
+    cycle_s: float,
+    window_s: float,
+    app_name: str,
+    redis_down: str | None,
+    redis_up: str | None,
+    json_out: Path | None,
+    in_ray: bool,
+) -> None:
+    from cluster.chaos_soak import SoakFaults, SoakPlan, soak, targets_met
+
+    faults = SoakFaults()
+    if in_ray:
         from cluster.chaos_ray import ReplicaKiller
 
-        ray.init(address=ray_address, namespace="serve", log_to_driver=False)
         killer = ReplicaKiller(app_name)
         faults = SoakFaults(kill_replica=killer.kill, replica_recovered=killer.recovered)
     if redis_down and redis_up:
