@@ -38,7 +38,7 @@ class EngineConfig:
     # Where mixed graphs run: a prompt that fits a step whole is not split behind another prompt's
     # chunk (it starts the next step), so prefill steps stay graphable. On the H200 it cut SmolLM2's
     # TTFT p50 from 38 to 11 ms; on the 8B shape's lockstep benchmark (32 equal prompts) it cost
-    # 2-3% decode throughput (BENCHMARKS.md). False: prompts are split to fill every step's budget.
+    # 2-3% decode throughput (docs/bench/HISTORY.md). False: prompts are split to fill every step's budget.
     keep_prompts_whole: bool = True
     fused_kernels: bool = True  # CUDA: Triton kernels for norm+residual, rope+KV write, SiLU×up
     # CUDA: the paged decode kernel's context splits per (sequence, KV head). None: from the batch
@@ -52,7 +52,7 @@ class EngineConfig:
     # many float32 K-slice partial products, added by the next residual-add + RMSNorm kernel,
     # instead of cuBLAS's split-K with its own reduce kernel. 0: cuBLAS decides; 1: cuBLAS decides
     # except for the projections in decode_triton_gemms (one partial, from the Triton kernel).
-    # Two measured best on the 8B shape at batch 32 (BENCHMARKS.md).
+    # Two measured best on the 8B shape at batch 32 (docs/bench/HISTORY.md).
     decode_k_slices: int = 2
     # CUDA bf16/fp16, fused kernels, decode-sized steps: which of the output ("o") and down ("down")
     # projections a Triton kernel computes as those partials (replica/triton_gemm.py) instead of a

@@ -4,7 +4,7 @@
 slices of K, [parts, rows, N], which the next residual-add + RMSNorm sums
 (`replica.triton_fused.add_rmsnorm`), as `linear_partials` does with a batched cuBLAS GEMM. On the
 8B shape's output projection at 32 rows it measured 13.66 µs per layer (with the norm) against
-14.42 for the cuBLAS partials, and the decode step 27 µs shorter (BENCHMARKS.md).
+14.42 for the cuBLAS partials, and the decode step 27 µs shorter (docs/bench/HISTORY.md).
 
 The operands are swapped: a program owns BLOCK_N rows of W (the matrix instruction's wide side) and
 all of x's rows (at most 64, padded to 16/32/64), and streams its rows of W once. At decode batch

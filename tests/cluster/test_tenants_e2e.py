@@ -142,7 +142,7 @@ def test_noisy_tenant_backlog_does_not_delay_the_quiet_tenant(base_url: str) -> 
     backlog would be seconds). Her TTFT p99 under load is about 1.4-1.6x solo on this 2-core box:
     the CPU engine step that is running when her request lands is a third to a half of her solo
     TTFT, so a tighter end-to-end bound would test the box, not the router. The 1.5x target
-    itself is a benchmark figure (`fairlane loadtest noisy-neighbour`, BENCHMARKS.md).
+    itself is a benchmark figure (`fairlane loadtest noisy-neighbour`, docs/bench/HISTORY.md).
     """
     prompts = [f"Name a fruit that starts with the letter {c}." for c in "ABCDEFGHIJKLMNOP"]
     stream_ttft(base_url, ALICE, prompts[0], 4)  # warm the path

@@ -1,6 +1,6 @@
 """Fault 4 (overload at 5× capacity) and fault 5 (disconnect storm), through the chaos drills.
 
-CI runs short phases; the full soak's command and figures are in BENCHMARKS.md (Reliability).
+CI runs short phases; the full soak's command and figures are in docs/bench/HISTORY.md (Reliability).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the router's first output; the client starts before sending and stops when it ha
 SSE chunk. The client's figure therefore includes the Serve proxy hop, SSE framing and both event
 loops' scheduling, and is never below the server's (beyond clock-read jitter, allowed 10 ms). On
 this 2-core box under the full noisy-neighbour load (200+ streams open in the client) the
-per-request difference measured 9–555 ms, median 20 ms (BENCHMARKS.md, Load test). This test's
+per-request difference measured 9–555 ms, median 20 ms (docs/bench/HISTORY.md, Load test). This test's
 load is light, so its bounds are: percentiles within +0.75 s, every request within +1 s, the
 median within +0.1 s. They leave room for a CI box loaded by other suites while still catching a
 wrong definition (timing from the scheduled instead of the sent instant, or to the last token),
