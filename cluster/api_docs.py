@@ -52,6 +52,11 @@ _JSON_OR_SSE = {
 GENERATE = _JSON_OR_SSE | _errors(400, 401, 404, 413, 429, 503)
 TENANT = _errors(400, 401, 404, 413)
 ADMIN = _errors(400, 401, 403, 404, 413)
+_JSON: dict[str, Any] = {"application/json": {}}
+RELOAD = {
+    200: {"description": "Every running router applies the new version.", "content": _JSON},
+    202: {"description": "Published; some routers did not report it in time (partial).", "content": _JSON},
+} | ADMIN
 PUBLIC = _errors(400, 404, 413)
 HEALTH = {
     200: {"description": "Serving (status ok or degraded).", "content": {"application/json": {}}},

@@ -10,13 +10,14 @@ the other keys override.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from ray import serve
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
 from cluster.config import AppConfig, load_app_config
-from cluster.ingress import REPLICA_DEPLOYMENT, Ingress
+from cluster.ingress import REPLICA_DEPLOYMENT, ROUTER_DEPLOYMENT, Ingress
 from cluster.kv_router import KVAwareRouter
 from cluster.replica_deployment import ReplicaServer
 
@@ -86,7 +87,7 @@ def serve_logging(config: AppConfig) -> dict[str, Any]:
 def router_options(config: AppConfig) -> dict[str, Any]:
     """Serve options of the ingress (router) deployment."""
     return {
-        "name": "Router",
+        "name": ROUTER_DEPLOYMENT,
         "num_replicas": config.num_routers,
         "ray_actor_options": {"num_cpus": 0},
         "max_ongoing_requests": 10_000,
@@ -121,7 +122,10 @@ def compose(config: AppConfig, replicas: serve.Application | None = None) -> ser
         replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(
             engine_kwargs(config), config.engine.synthetic_tokenizer
         )
-    return serve.deployment(Ingress, **router_options(config)).bind(replicas, config.model_dump())
+    # A new id per deployment: the routers of this one share their tenancy version, and a reload made
+    # on an earlier deployment of the app does not reach it (cluster/tenancy_board.py).
+    generation = uuid.uuid4().hex[:12]
+    return serve.deployment(Ingress, **router_options(config)).bind(replicas, config.model_dump(), generation)
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:

@@ -82,22 +82,22 @@ class Dispatcher:
             self._kick()
 
     def replace_queue(self, queue: FairQueue) -> None:
-        """Move waiting requests to ``queue`` (a reloaded config), in their current order.
-
-        Counters start afresh under the new weights; a request whose tenant no longer exists
-        fails with that error instead of waiting forever.
+        """Move to ``queue`` (a reloaded config): fair-share counters carry over for the tenants that
+        still exist, and the waiting requests move, oldest first, without the lift of a tenant that
+        returns from idle (they were backlogged already). A request whose tenant no longer exists, or
+        that a smaller bound leaves out, fails with that error instead of waiting forever.
         """
         old, self._queue = self._queue, queue
-        while (item := old.pop_next()) is not None:
+        queue.carry_from(old)
+        for item in old.waiting():
             future = self._waiters.get(item.request_id)
             if future is None or future.done():
                 continue
             try:
-                queue.push(
-                    queue.make_request(
-                        item.request_id, item.tenant_id, item.prompt_tokens, item.max_tokens, item.arrival
-                    )
+                moved = queue.make_request(
+                    item.request_id, item.tenant_id, item.prompt_tokens, item.max_tokens, item.arrival
                 )
+                queue.push(moved, lift=False)
             except Exception as exc:
                 future.set_exception(exc)
         self._kick()

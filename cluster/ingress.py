@@ -1,5 +1,6 @@
 """The HTTP ingress: OpenAI routes, health, metrics, SLA reports and admin, under ``serve.ingress``."""
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -33,10 +34,12 @@ from cluster.responses import (
 )
 from cluster.router_core import RouterCore
 from cluster.status_metrics import StatusMetrics
+from cluster.tenancy_sync import Deployment, TenancySync
 from cluster.tenant_views import check_own, sla_report, usage
 from tenancy import Tenant, parse_bearer
 
 REPLICA_DEPLOYMENT = "Replica"
+ROUTER_DEPLOYMENT = "Router"
 log = logging.getLogger(__name__)
 api = FastAPI(title="fairlane", docs_url=None, redoc_url=None)
 # The router sets the limit when it starts; until then (and outside Serve) no limit applies.
@@ -60,18 +63,22 @@ async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
 class Ingress:
     """One router: authenticates, admits, queues fairly, dispatches and streams."""
 
-    async def __init__(self, replicas: DeploymentHandle, config: dict[str, Any]) -> None:
+    async def __init__(
+        self, replicas: DeploymentHandle, config: dict[str, Any], generation: str = ""
+    ) -> None:
+        """``generation``: the id of this deployment of the app (``cluster.app.compose``)."""
         self.cfg = AppConfig.model_validate(config)
         api.state.max_body_bytes = self.cfg.max_body_bytes
         self.replicas = replicas
-        self.core = RouterCore(self.cfg, replicas)
+        ctx = serve.get_replica_context()
+        self.router_id = ctx.replica_id.unique_id
+        self.tenancy_sync = self._tenancy_sync(ctx.app_name, generation)
+        self.core = RouterCore(self.cfg, replicas, (await self.tenancy_sync.initial()).config)
         api.state.http_errors = self.core.metrics.http_errors
         encoder = PromptEncoder.for_model(
             self.cfg.engine.model, self.cfg.engine.random_weights, self.cfg.engine.synthetic_tokenizer
         )
         self.jobs = JobBuilder(self.cfg, encoder, self._max_model_len)
-        ctx = serve.get_replica_context()
-        self.router_id = ctx.replica_id.unique_id
         self.core.metrics.router_info.labels(self.router_id).set(1)
         self.drain = RouterDrain(ctx.app_name, self.router_id, self._held)
         self.monitor = ReplicaMonitor(
@@ -81,9 +88,16 @@ class Ingress:
             self.core.recorder,
             self.cfg.load_poll_interval_s,
             lambda: running_replicas(ctx.app_name, REPLICA_DEPLOYMENT),
-            hooks=(self.drain.poll, self._probe_store, self.core.share_counters),
+            hooks=(self.drain.poll, self._probe_store, self.core.share_counters, self.tenancy_sync.poll),
         )
         self.monitor.start()
+
+    async def __del__(self) -> None:
+        # Serve awaits this on a graceful stop: a stopped router no longer counts as having applied.
+        try:
+            await asyncio.to_thread(self.tenancy_sync.forget)
+        except Exception as exc:  # the GCS going down with the cluster
+            log.warning("tenancy report not removed: %s", exc)
 
     # ---- OpenAI routes ------------------------------------------------------------------------
     @api.post("/v1/completions", responses=api_docs.GENERATE)
@@ -170,9 +184,15 @@ class Ingress:
     async def admin_state(self, request: Request) -> Response:
         return self._admin(request, self._state)
 
-    @api.post("/admin/tenants/reload", responses=api_docs.ADMIN)
+    @api.post("/admin/tenants/reload", responses=api_docs.RELOAD)
     async def admin_reload(self, request: Request) -> Response:
-        return self._admin(request, lambda: {"tenants": [t.id for t in self.core.reload_tenancy().tenants]})
+        # Every router applies the file's version; 202 when some did not report it in time.
+        try:
+            self._check_admin(request)
+            result = await self.tenancy_sync.reload()
+        except Exception as exc:
+            return error_response(exc)
+        return JSONResponse(result.body(), status_code=200 if result.complete else 202)
 
     # ---- helpers ------------------------------------------------------------------------------
     async def _serve(
@@ -249,14 +269,25 @@ class Ingress:
         return self.core.tenancy.auth.authenticate(key)
 
     def _admin(self, request: Request, action) -> Response:
-        key = parse_bearer(request.headers.get("authorization"))
         try:
-            if not self.core.tenancy.auth.is_admin(key):
-                self._tenant(request)  # 401 for a bad key, then 403 for a tenant key
-                raise Forbidden("admin key required", code="admin_only")
+            self._check_admin(request)
             return JSONResponse(action())
         except Exception as exc:
             return error_response(exc)
+
+    def _check_admin(self, request: Request) -> None:
+        key = parse_bearer(request.headers.get("authorization"))
+        if not self.core.tenancy.auth.is_admin(key):
+            self._tenant(request)  # 401 for a bad key, then 403 for a tenant key
+            raise Forbidden("admin key required", code="admin_only")
+
+    def _tenancy_sync(self, app: str, generation: str) -> TenancySync:
+        return TenancySync.for_router(
+            self.cfg,
+            Deployment(app, generation, self.router_id),
+            lambda tenancy: self.core.apply_tenancy(tenancy),
+            lambda: running_replicas(app, ROUTER_DEPLOYMENT) or self.cfg.num_routers,
+        )
 
     def _state(self) -> dict:
         d = self.core.dispatcher
@@ -272,6 +303,7 @@ class Ingress:
             "active_leases": leases,
             "loads": self.monitor.loads,
             "router": self.router_id,
+            "tenancy_version": self.tenancy_sync.version,
             "draining": self.drain.draining,
             "quota_store_degraded": self.core.tenancy.quotas.degraded,
             "waiters": self.core.dispatcher.waiters,

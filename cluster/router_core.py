@@ -79,11 +79,13 @@ class TenancyState:
 class RouterCore:
     """One router's state. Single event loop: nothing here needs a lock."""
 
-    def __init__(self, config: AppConfig, replicas: DeploymentHandle) -> None:
+    def __init__(
+        self, config: AppConfig, replicas: DeploymentHandle, tenancy: TenancyConfig | None = None
+    ) -> None:
         self.config = config
         self.store = make_store(config)
         self.shared_counters = make_shared_counters(config)
-        self.tenancy = self._tenancy_state(read_tenancy(config))
+        self.tenancy = self._tenancy_state(tenancy or read_tenancy(config))
         self.metrics = ClusterMetrics()
         self.recorder = TimingRecorder(config.timing_history)
         queue = FairQueue.from_config(self.tenancy.config)
@@ -109,15 +111,14 @@ class RouterCore:
     def _tenancy_state(self, tenancy: TenancyConfig) -> TenancyState:
         return TenancyState(tenancy, Authenticator(tenancy), QuotaManager(tenancy, self.store))
 
-    def reload_tenancy(self) -> TenancyConfig:
-        """Re-read the tenancy config; in-flight requests finish under the limits they were admitted with."""
-        state = self._tenancy_state(read_tenancy(self.config))
-        self.dispatcher.replace_queue(FairQueue.from_config(state.config))
-        if self.shared_counters is not None:
-            self.shared_counters.reset()  # the new queue takes the cluster-wide counters at the next sync
+    def apply_tenancy(self, tenancy: TenancyConfig) -> None:
+        """Enforce ``tenancy`` from now on; in-flight requests finish under the limits they were
+        admitted with. The fair-share counters carry over (``Dispatcher.replace_queue``), so the
+        shared counters keep what they have seen: a reload neither repeats nor forgets service."""
+        state = self._tenancy_state(tenancy)
+        self.dispatcher.replace_queue(FairQueue.from_config(tenancy))
         self.tenancy = state
         self.runner.quotas = state.quotas
-        return state.config
 
     async def share_counters(self) -> None:
         """Exchange fair-share service with the other routers (a monitor-loop duty; no-op alone)."""

@@ -113,8 +113,12 @@ class FairQueue:
             now + policy.ttft_target_s,
         )
 
-    def push(self, request: QueuedRequest) -> None:
-        """Enqueue; raises ``QueueFull`` when a bound is reached, ``InvalidQueueItem`` for bad items."""
+    def push(self, request: QueuedRequest, lift: bool = True) -> None:
+        """Enqueue; raises ``QueueFull`` when a bound is reached, ``InvalidQueueItem`` for bad items.
+
+        ``lift=False``: the tenant was backlogged already (a request carried over by ``carry_from``),
+        so its counter stays as it was instead of being lifted as if it returned from idle.
+        """
         lane = self._lane(request.tenant_id)
         self._validate(request, lane)
         if len(lane.queue) >= self._settings.max_queue_per_tenant:
@@ -125,7 +129,8 @@ class FairQueue:
         self._index[request.request_id] = entry
         lane.queue.append(entry)
         if len(lane.queue) == 1:
-            self._lift(lane)
+            if lift:
+                self._lift(lane)
             self._tiers[lane.policy.tier].backlogged += 1
             self._publish(lane)
 
@@ -156,9 +161,12 @@ class FairQueue:
         return head.request
 
     def charge(self, tenant_id: str, output_tokens: int) -> None:
-        """Charge output tokens as they are produced (weighted, ×2)."""
+        """Charge output tokens as they are produced (weighted, ×2); a tenant that a reload removed
+        is not charged (its requests in flight finish; nothing waits behind its counter)."""
         if output_tokens < 0:
             raise ValueError("output_tokens must be >= 0")
+        if tenant_id not in self._policies:
+            return
         lane = self._lane(tenant_id)
         self._grow(lane, OUTPUT_TOKEN_COST * output_tokens / lane.policy.weight)
         if lane.queue:
@@ -172,6 +180,21 @@ class FairQueue:
         lane.counter += counter_delta
         if lane.queue:
             self._publish(lane)
+
+    def carry_from(self, old: FairQueue) -> None:
+        """Take over ``old``'s counters and unshared service (tenants that still exist) and tier floors
+        (tiers that still exist): a reloaded config neither forgives service nor forgets it."""
+        for tenant_id, lane in old._lanes.items():
+            if tenant_id in self._policies:
+                self._lane(tenant_id).counter = lane.counter
+        for number, tier in old._tiers.items():
+            if number in self._tiers:
+                self._tiers[number].floor = tier.floor
+        self._local_service = {t: s for t, s in old._local_service.items() if t in self._policies}
+
+    def waiting(self) -> list[QueuedRequest]:
+        """The waiting requests, oldest first."""
+        return [entry.request for entry in self._index.values()]
 
     def take_local_service(self) -> dict[str, float]:
         """Counter growth charged by this queue since the last call, per tenant (to share it)."""

@@ -52,15 +52,28 @@ def parse_tenancy_config(data: object, source: str = "<data>") -> TenancyConfig:
         raise TenancyConfigError(f"{source}: invalid tenancy config", _problems(exc)) from None
 
 
-def _read_yaml(path: Path) -> object:
+def read_tenancy_text(path: str | Path) -> str:
+    """The text of a tenancy YAML file; ``TenancyConfigError`` when it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise TenancyConfigError(f"{path}: cannot read tenancy config ({exc.strerror})") from None
+
+
+def _parse_yaml(text: str, source: str) -> object:
     try:
         return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
-        raise TenancyConfigError(f"{path}: invalid YAML: {exc}") from None
+        raise TenancyConfigError(f"{source}: invalid YAML: {exc}") from None
+
+
+def _read_yaml(path: Path) -> object:
+    return _parse_yaml(read_tenancy_text(path), str(path))
+
+
+def parse_tenancy_text(text: str, source: str = "<text>") -> TenancyConfig:
+    """Validate the text of a YAML tenancy config (a file's, or one another router published)."""
+    return parse_tenancy_config(_parse_yaml(text, source), source)
 
 
 def load_tenancy_config(path: str | Path) -> TenancyConfig:
