@@ -1,0 +1,34 @@
+"""The Dockerfile, the chart and pyproject.toml agree on the Ray and Python versions of the image."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dockerfile_args() -> dict[str, str]:
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.MULTILINE))
+
+
+def test_the_image_is_built_from_the_pinned_ray_and_python() -> None:
+    args = dockerfile_args()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    ray = next(Requirement(d) for d in project["dependencies"] if Requirement(d).name == "ray")
+    python = re.fullmatch(r"py3(\d+)", args["PYTHON"])
+    assert python, args["PYTHON"]
+    assert args["RAY_VERSION"] in ray.specifier, (args["RAY_VERSION"], str(ray.specifier))
+    assert f"3.{python.group(1)}" in SpecifierSet(project["requires-python"])
+    values = yaml.safe_load((ROOT / "helm/fairlane/values.yaml").read_text(encoding="utf-8"))
+    assert values["ray"]["version"] == args["RAY_VERSION"]
+    chart = yaml.safe_load((ROOT / "helm/fairlane/Chart.yaml").read_text(encoding="utf-8"))
+    readme = (ROOT / "helm/fairlane/README.md").read_text(encoding="utf-8")
+    built = f"docker build -t {values['image']['repository']}:{chart['appVersion']} ."
+    assert built in readme and built in (ROOT / "Dockerfile").read_text(encoding="utf-8"), built
