@@ -7,8 +7,8 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 
+from bench.router_cost import PacedReplica
 from cluster.app import replica_options, router_options
-from cluster.bench_router import PacedReplica
 from cluster.config import AppConfig
 from cluster.dispatcher import Dispatcher
 from cluster.metrics import ClusterMetrics

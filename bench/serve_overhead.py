@@ -1,6 +1,6 @@
 """Overhead of the Serve path: tokens/s and TTFT through HTTP + router + replica vs the engine alone.
 
-    python -m cluster.bench_overhead --json out.json [--concurrency 8] [--requests 24] [--max-tokens 32]
+    python -m bench.serve_overhead --json out.json [--concurrency 8] [--requests 24] [--max-tokens 32]
 
 Both sides run the same greedy requests (same prompts, same lengths) on the same model, one after
 the other on this machine (the engine alone first, then stopped, so they never share the CPU).

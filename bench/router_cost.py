@@ -1,6 +1,6 @@
 """Requests per second that ONE router sustains when the replica is not the limit.
 
-    python -m cluster.bench_router --json docs/bench/cpu_router_rps.json [--concurrency 64] [--duration 30]
+    python -m bench.router_cost --json docs/bench/cpu_router_rps.json [--concurrency 64] [--duration 30]
 
 The app is the GPU benchmark's (``loadtest/configs/gpu-8b.yaml``: one router, in-memory tenancy,
 ``stream_interval_s`` 0.05, synthetic tokenizer) with the replica deployment swapped for
