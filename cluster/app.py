@@ -118,13 +118,14 @@ def compose(config: AppConfig, replicas: serve.Application | None = None) -> ser
     ``replicas``: another bound replica deployment with ``ReplicaServer``'s methods (the router
     benchmark's paced stand-in); None = the engine replicas of ``config``.
     """
+    # A new id per deployment: the routers of this one share their tenancy version, and a reload made
+    # on an earlier deployment of the app does not reach it (cluster/tenancy_board.py); its replicas
+    # publish their loads under it (cluster/replica_board.py).
+    generation = uuid.uuid4().hex[:12]
     if replicas is None:
         replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(
-            engine_kwargs(config), config.engine.synthetic_tokenizer
+            engine_kwargs(config), config.engine.synthetic_tokenizer, generation
         )
-    # A new id per deployment: the routers of this one share their tenancy version, and a reload made
-    # on an earlier deployment of the app does not reach it (cluster/tenancy_board.py).
-    generation = uuid.uuid4().hex[:12]
     return serve.deployment(Ingress, **router_options(config)).bind(replicas, config.model_dump(), generation)
 
 

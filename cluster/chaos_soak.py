@@ -158,7 +158,7 @@ class Soak:
         while not self.full():
             try:
                 state = await admin_state(client, self.target)
-                loads = state.get("loads", {}).values()
+                loads = state.get("replica_loads", {}).values()
                 self.samples.append(
                     {
                         "t": time.monotonic() - started,
@@ -193,7 +193,9 @@ async def holdings(client: httpx.AsyncClient, target: Target) -> dict:
         "waiters": s.get("waiters", 0),
         "tracked_ids": s.get("tracked_ids", 0),
         "leases": sum(s.get("active_leases", {}).values()),
-        "kv_blocks_used": sum(v.get("kv_blocks_used", 0) for v in s.get("loads", {}).values()),
+        # Each replica's own report (cluster/replica_board.py), not the router's poll of one at a time.
+        "kv_blocks_used": sum(v.get("kv_blocks_used", 0) for v in s.get("replica_loads", {}).values()),
+        "replicas_reporting": len(s.get("replica_loads", {})),
     }
 
 

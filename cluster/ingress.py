@@ -13,7 +13,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
-from cluster import api_docs
+from cluster import api_docs, replica_board
 from cluster.body_limit import BodyLimit
 from cluster.config import AppConfig
 from cluster.drain import RouterDrain
@@ -70,6 +70,7 @@ class Ingress:
         self.cfg = AppConfig.model_validate(config)
         api.state.max_body_bytes = self.cfg.max_body_bytes
         self.replicas = replicas
+        self.generation = generation
         ctx = serve.get_replica_context()
         self.router_id = ctx.replica_id.unique_id
         self.tenancy_sync = self._tenancy_sync(ctx.app_name, generation)
@@ -301,7 +302,8 @@ class Ingress:
             "queued": len(d.queue),
             "replicas": self.monitor.replicas,
             "active_leases": leases,
-            "loads": self.monitor.loads,
+            "loads": self.monitor.loads,  # by the monitor's polls, one replica per poll
+            "replica_loads": replica_board.fresh_loads(self.generation) if self.generation else {},
             "router": self.router_id,
             "tenancy_version": self.tenancy_sync.version,
             "draining": self.drain.draining,

@@ -13,21 +13,31 @@ blocks (the engine's own ``finally``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from cluster import replica_board
 from cluster.process_memory import rss_bytes
 from cluster.wire import GenerateArgs, error_item, merge_items, output_item
 from cluster.word_tokenizer import attach_to_engine, word_tokenizer
 from replica import Engine, EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
 
+log = logging.getLogger(__name__)
+
 
 class ReplicaServer:
     """A Serve deployment class (decorated by ``cluster.app``) that owns one engine."""
 
-    async def __init__(self, engine: dict[str, Any], synthetic_tokenizer: bool = False) -> None:
+    async def __init__(
+        self, engine: dict[str, Any], synthetic_tokenizer: bool = False, generation: str | None = None
+    ) -> None:
+        """``generation``: the app deployment's id; with it the replica publishes its load every
+        second (``cluster/replica_board.py``)."""
         self._engine = Engine(EngineConfig(**engine))
         await self._engine.start()
         if synthetic_tokenizer:  # the router encodes with the same one (cluster.prompts)
@@ -35,6 +45,10 @@ class ReplicaServer:
         self._replica_id = _replica_id()
         self._started = time.monotonic()
         self._waiting_tokens = 0  # prompt + max tokens of requests not yet producing; for routing
+        self._generation = generation
+        self._publisher: asyncio.Task | None = None
+        if generation is not None:
+            self._publisher = asyncio.get_running_loop().create_task(self._publish(generation))
 
     async def generate(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
         """Stream one request's outputs as dicts; the last one has ``finish_reason`` set."""
@@ -120,8 +134,20 @@ class ReplicaServer:
         if not self._engine.running:
             raise RuntimeError("the engine loop has stopped")
 
+    async def _publish(self, generation: str) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(replica_board.publish, generation, self._replica_id, self.load())
+            except Exception as exc:  # the GCS busy or gone: the next second tries again
+                log.debug("replica load not published: %s", exc)
+            await asyncio.sleep(replica_board.PUBLISH_EVERY_S)
+
     async def __del__(self) -> None:
         # Serve awaits an async destructor on shutdown: stop the engine thread cleanly.
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(replica_board.forget, self._generation, self._replica_id)
         await self._engine.stop()
 
 
