@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -246,6 +247,7 @@ async def soak(target: Target, faults: SoakFaults, plan: SoakPlan) -> DrillRepor
         "duration_s": round(total_s, 1),
         "lost": sum(c in LOST_CODES for c in codes),
         "hung": sum(c in HANG_CODES for c in codes),
+        "errored_codes": str(dict(Counter(codes))),
         "faults": len(runner.faults_done),
         **{f"before_{k}": v for k, v in before.items()},
         **{f"after_{k}": v for k, v in after.items()},
