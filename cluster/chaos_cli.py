@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cluster.chaos_drills import DrillReport, Target, disconnect_storm, overload, replica_crash
+from cluster.chaos_drills import DrillReport, Fault, Target, disconnect_storm, overload, replica_crash
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
 
 chaos_app = typer.Typer(help="Fault drills against a running cluster (prints the accounting table).")
@@ -33,6 +33,15 @@ JSON_OUT = typer.Option(None, "--json", help="Append the report as one JSON line
 def _target(url: str, keys: list[str] | None, admin: str, routers: int) -> Target:
     pairs = dict(k.split("=", 1) for k in keys) if keys else {t: DEMO_KEYS[t] for t in sorted(DEMO_KEYS)}
     return Target(url, pairs, admin, routers=routers)
+
+
+def shell_fault(cmd: str) -> Fault:
+    """An operator's shell command as a drill's fault (a coroutine function; fails on a non-zero exit)."""
+
+    async def run() -> None:
+        await asyncio.to_thread(subprocess.run, cmd, shell=True, check=True)
+
+    return run
 
 
 def show(report: DrillReport, json_out: Path | None = None) -> None:
@@ -121,16 +130,7 @@ def redis_cmd(
     from cluster.chaos_redis import redis_outage
 
     tenant, tenant_key = metered.split("=", 1)
-
-    async def run(cmd: str) -> None:
-        await asyncio.to_thread(subprocess.run, cmd, shell=True, check=True)
-
-    async def down() -> None:
-        await run(redis_down)
-
-    async def up() -> None:
-        await run(redis_up)
-
+    down, up = shell_fault(redis_down), shell_fault(redis_up)
     target = _target(url, key, admin_key, routers)
     show(asyncio.run(redis_outage(target, down, up, (tenant, tenant_key, metered_rpm))), json_out)
 
@@ -199,17 +199,9 @@ def _soak(
         killer = ReplicaKiller(app_name)
         faults = SoakFaults(kill_replica=killer.kill, replica_recovered=killer.recovered)
     if redis_down and redis_up:
-
-        async def run(cmd: str) -> None:
-            await asyncio.to_thread(subprocess.run, cmd, shell=True, check=True)
-
-        async def down() -> None:
-            await run(redis_down)
-
-        async def up() -> None:
-            await run(redis_up)
-
-        faults = SoakFaults(faults.kill_replica, faults.replica_recovered, down, up)
+        faults = SoakFaults(
+            faults.kill_replica, faults.replica_recovered, shell_fault(redis_down), shell_fault(redis_up)
+        )
     plan = SoakPlan(duration_s=duration_s, max_requests=max_requests, cycle_s=cycle_s, window_s=window_s)
     report = asyncio.run(soak(_target(url, key, admin_key, routers), faults, plan))
     show(report, json_out)

@@ -60,10 +60,6 @@ class SharedCounters:
     def degraded(self) -> bool:
         return self.degraded_reason is not None
 
-    def reset(self) -> None:
-        """Forget the totals seen, so the next sync credits a fresh queue with the whole history."""
-        self._seen.clear()
-
     async def sync(self, queue: FairQueue) -> bool:
         """Share this router's growth and take in the others'. False (and nothing lost) on failure."""
         for tenant, delta in queue.take_local_service().items():

@@ -43,10 +43,6 @@ async def test_service_on_one_router_counts_on_the_other(redis_url: str, redis_p
     assert await share_a.sync(router_a)
     assert router_a.counter("bob") == 60.0
     assert router_a.counter("alice") == 400.0, "a router's own service is not credited twice"
-    fresh = _queue()  # a router's queue after a config reload
-    share_b.reset()
-    assert await share_b.sync(fresh)
-    assert (fresh.counter("alice"), fresh.counter("bob")) == (400.0, 60.0)
     await client.aclose()
 
 
