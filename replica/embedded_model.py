@@ -12,9 +12,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-from transformers import AutoTokenizer
-
 from replica.errors import UnknownModelError
 from replica.presets import REAL_WEIGHTS
 
@@ -53,8 +50,10 @@ def ensure_converted(name: str) -> Path:
 
 
 def _convert_gguf(source_dir: Path, filename: str, out: Path) -> None:
+    # torch and transformers load here, not at import: the router resolves the cache torch-free
+    import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source_dir, gguf_file=filename)
     hf_model = AutoModelForCausalLM.from_pretrained(source_dir, gguf_file=filename, dtype=torch.float32)
