@@ -33,8 +33,8 @@ from ray import serve
 
 from cluster.app import replica_options
 from cluster.config import AppConfig, load_app_config
-from cluster.local_cluster import APP_NAME, free_port, local_cluster
-from cluster.wire import GenerateArgs
+from cluster.ops.local_cluster import APP_NAME, free_port, local_cluster
+from cluster.serving.wire import GenerateArgs
 from loadtest.client import endpoint_path, request_body, send
 from loadtest.prompts import synthetic_prompt
 from loadtest.records import RequestRecord

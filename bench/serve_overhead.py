@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from cluster.config import AppConfig
-from cluster.local_cluster import free_port, local_cluster
+from cluster.ops.local_cluster import free_port, local_cluster
 from replica import Engine, EngineConfig, SamplingParams
 from tenancy import DEMO_KEYS
 

@@ -17,9 +17,9 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
 from cluster.config import AppConfig, load_app_config
-from cluster.ingress import REPLICA_DEPLOYMENT, ROUTER_DEPLOYMENT, Ingress
-from cluster.kv_router import KVAwareRouter
-from cluster.replica_deployment import ReplicaServer
+from cluster.edge.ingress import REPLICA_DEPLOYMENT, ROUTER_DEPLOYMENT, Ingress
+from cluster.routing.kv_router import KVAwareRouter
+from cluster.serving.replica_deployment import ReplicaServer
 
 ROUTING_STATS_PERIOD_S = 0.5
 # How often a stopping replica counts its in-flight requests (Serve's default is 2 s): it exits, and
@@ -119,8 +119,8 @@ def compose(config: AppConfig, replicas: serve.Application | None = None) -> ser
     benchmark's paced stand-in); None = the engine replicas of ``config``.
     """
     # A new id per deployment: the routers of this one share their tenancy version, and a reload made
-    # on an earlier deployment of the app does not reach it (cluster/tenancy_board.py); its replicas
-    # publish their loads under it (cluster/replica_board.py).
+    # on an earlier deployment of the app does not reach it (cluster/routing/tenancy_board.py); its replicas
+    # publish their loads under it (cluster/serving/replica_board.py).
     generation = uuid.uuid4().hex[:12]
     if replicas is None:
         replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(

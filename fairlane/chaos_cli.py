@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cluster.chaos_drills import DrillReport, Fault, Target, disconnect_storm, overload, replica_crash
+from cluster.ops.chaos_drills import DrillReport, Fault, Target, disconnect_storm, overload, replica_crash
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
 
 chaos_app = typer.Typer(help="Fault drills against a running cluster (prints the accounting table).")
@@ -106,7 +106,7 @@ def crash_cmd(
     """Kill one replica actor under steady load; retried / failed / completed and time to recover."""
     import ray
 
-    from cluster.chaos_ray import ReplicaKiller
+    from cluster.ops.chaos_ray import ReplicaKiller
 
     ray.init(address=ray_address, namespace="serve", log_to_driver=False)
     killer = ReplicaKiller(app_name)
@@ -127,7 +127,7 @@ def redis_cmd(
     json_out: Path | None = JSON_OUT,
 ) -> None:
     """Stop the shared Redis under load, start it again: degraded, reconnect, quota kept."""
-    from cluster.chaos_redis import redis_outage
+    from cluster.ops.chaos_redis import redis_outage
 
     tenant, tenant_key = metered.split("=", 1)
     down, up = shell_fault(redis_down), shell_fault(redis_up)
@@ -160,7 +160,7 @@ def soak_cmd(
     With --serve-config the cluster runs in this process (replica kills need no --ray-address)."""
     if serve_config is not None:
         from cluster.config import load_app_config
-        from cluster.local_cluster import APP_NAME, local_cluster
+        from cluster.ops.local_cluster import APP_NAME, local_cluster
 
         cfg = load_app_config(serve_config, {})
         with local_cluster(cfg) as base_url:
@@ -190,11 +190,11 @@ def _soak(
     json_out: Path | None,
     in_ray: bool,
 ) -> None:
-    from cluster.chaos_soak import SoakFaults, SoakPlan, soak, targets_met
+    from cluster.ops.chaos_soak import SoakFaults, SoakPlan, soak, targets_met
 
     faults = SoakFaults()
     if in_ray:
-        from cluster.chaos_ray import ReplicaKiller
+        from cluster.ops.chaos_ray import ReplicaKiller
 
         killer = ReplicaKiller(app_name)
         faults = SoakFaults(kill_replica=killer.kill, replica_recovered=killer.recovered)

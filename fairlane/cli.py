@@ -12,11 +12,11 @@ from ray import serve
 from rich.console import Console
 from rich.table import Table
 
-from cluster.bench_cli import bench_app
-from cluster.chaos_cli import chaos_app
 from cluster.config import AppConfig, load_app_config
 from cluster.drain import StopSignal
-from cluster.local_cluster import APP_NAME, free_port, local_cluster
+from cluster.ops.local_cluster import APP_NAME, free_port, local_cluster
+from fairlane.bench_cli import bench_app
+from fairlane.chaos_cli import chaos_app
 from tenancy import DEMO_KEYS
 
 app = typer.Typer(help="fairlane: multi-tenant LLM serving on Ray Serve.", no_args_is_help=True)
@@ -56,7 +56,7 @@ def demo(
     port: int | None = typer.Option(None, help="HTTP port; default: a free one."),
 ) -> None:
     """Start the cluster, run three tenants (one noisy) for a short while, print the SLA table."""
-    from cluster.demo import print_report, run_load
+    from fairlane.demo import print_report, run_load
 
     cfg = _cpu_demo_config(port or free_port())
     with local_cluster(cfg) as base_url:

@@ -1,4 +1,4 @@
-"""What ``fairlane loadtest`` and ``fairlane report`` do; ``cluster/cli.py`` only parses options."""
+"""What ``fairlane loadtest`` and ``fairlane report`` do; ``fairlane/cli.py`` only parses options."""
 
 from __future__ import annotations
 

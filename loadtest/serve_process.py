@@ -1,6 +1,6 @@
 """``fairlane serve`` as a child process for a benchmark: start, wait for ``/health``, stop, log tails.
 
-The child runs ``cluster.cli`` through ``python -c`` (a machine with the packages on PYTHONPATH but
+The child runs ``fairlane.cli`` through ``python -c`` (a machine with the packages on PYTHONPATH but
 no installed ``fairlane`` entry point works the same), in a process group of its own, with Ray's
 session files under the run's own folder (``RAY_TMPDIR``), so that its logs can be collected and
 nothing of another Ray on the machine is read or touched.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-SERVE_CODE = "from cluster.cli import main; main()"
+SERVE_CODE = "from fairlane.cli import main; main()"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

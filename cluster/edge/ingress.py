@@ -13,18 +13,13 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
-from cluster import api_docs, replica_board
-from cluster.body_limit import BodyLimit
 from cluster.config import AppConfig
 from cluster.drain import RouterDrain
-from cluster.errors import Draining, Forbidden, error_response
-from cluster.job_builder import JobBuilder
-from cluster.openai_schemas import ChatCompletionRequest, CompletionRequest
-from cluster.process_memory import rss_bytes
-from cluster.prompts import PromptEncoder
-from cluster.replica_monitor import ReplicaMonitor, running_replicas
-from cluster.request_flow import ActiveRequest
-from cluster.responses import (
+from cluster.edge import api_docs
+from cluster.edge.body_limit import BodyLimit
+from cluster.edge.job_builder import JobBuilder
+from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
+from cluster.edge.responses import (
     ChoiceState,
     ClosingStreamingResponse,
     ResponseMeta,
@@ -32,10 +27,16 @@ from cluster.responses import (
     guarded,
     sse_stream,
 )
-from cluster.router_core import RouterCore
-from cluster.status_metrics import StatusMetrics
-from cluster.tenancy_sync import Deployment, TenancySync
-from cluster.tenant_views import check_own, sla_report, usage
+from cluster.edge.tenant_views import check_own, sla_report, usage
+from cluster.errors import Draining, Forbidden, error_response
+from cluster.routing.replica_monitor import ReplicaMonitor, running_replicas
+from cluster.routing.request_flow import ActiveRequest
+from cluster.routing.router_core import RouterCore
+from cluster.routing.tenancy_sync import Deployment, TenancySync
+from cluster.serving import replica_board
+from cluster.telemetry.process_memory import rss_bytes
+from cluster.telemetry.status_metrics import StatusMetrics
+from cluster.text.prompts import PromptEncoder
 from tenancy import Tenant, parse_bearer
 
 REPLICA_DEPLOYMENT = "Replica"

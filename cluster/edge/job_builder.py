@@ -9,10 +9,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from cluster.config import AppConfig
+from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.errors import BadRequest, NotFound
-from cluster.openai_schemas import ChatCompletionRequest, CompletionRequest
-from cluster.prompts import PromptEncoder
-from cluster.request_flow import Job
+from cluster.routing.request_flow import Job
+from cluster.text.prompts import PromptEncoder
 from replica import SamplingParams
 from tenancy import Tenant
 

@@ -15,9 +15,14 @@ from typing import Any, Literal
 
 from starlette.responses import StreamingResponse
 
+from cluster.edge.logprobs_format import (
+    CompletionLogprobs,
+    TokenText,
+    chat_logprobs,
+    merge_completion_logprobs,
+)
+from cluster.edge.openai_schemas import usage
 from cluster.errors import classify, error_body
-from cluster.logprobs_format import CompletionLogprobs, TokenText, chat_logprobs, merge_completion_logprobs
-from cluster.openai_schemas import usage
 
 Kind = Literal["completion", "chat"]
 FINISH = {"stop": "stop", "length": "length"}

@@ -10,8 +10,8 @@ import time
 from collections import Counter
 
 from cluster.errors import NotFound
-from cluster.request_timing import RequestTiming, TimingRecorder
-from cluster.sla_report import build_report
+from cluster.telemetry.request_timing import RequestTiming, TimingRecorder
+from cluster.telemetry.sla_report import build_report
 from tenancy import TenancyConfig, Tenant
 
 QUERY_KEYS = ("tenant", "tenant_id")

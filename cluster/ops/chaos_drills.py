@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from cluster.chaos_client import ENDINGS, ClientRecord, counter_delta, fill_record, server_counters, tally
+from cluster.ops.chaos_client import ENDINGS, ClientRecord, counter_delta, fill_record, server_counters, tally
 
 Fault = Callable[[], Awaitable[object]]
 COUNT_PROMPT = "Count from one to two hundred in words, separated by commas."

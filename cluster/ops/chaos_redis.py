@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from cluster.chaos_drills import DrillReport, Fault, Target, _counted, _pct, _report, _steady
+from cluster.ops.chaos_drills import DrillReport, Fault, Target, _counted, _pct, _report, _steady
 
 
 async def router_health(client: httpx.AsyncClient, routers: int, max_scrapes: int = 60) -> dict[str, str]:

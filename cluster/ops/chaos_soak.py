@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from cluster.chaos_client import ClientRecord, fill_record
-from cluster.chaos_drills import DrillReport, Fault, Target, _counted, _report, admin_state
+from cluster.ops.chaos_client import ClientRecord, fill_record
+from cluster.ops.chaos_drills import DrillReport, Fault, Target, _counted, _report, admin_state
 
 HANG_CODES = {"ReadTimeout", "WriteTimeout", "PoolTimeout", "ConnectTimeout", "not_ended"}
 LOST_CODES = {"RemoteProtocolError", "ReadError", "ConnectError", "stream_ended_without_done"}
@@ -194,7 +194,7 @@ async def holdings(client: httpx.AsyncClient, target: Target) -> dict:
         "waiters": s.get("waiters", 0),
         "tracked_ids": s.get("tracked_ids", 0),
         "leases": sum(s.get("active_leases", {}).values()),
-        # Each replica's own report (cluster/replica_board.py), not the router's poll of one at a time.
+        # Each replica's own report (cluster/serving/replica_board.py), not the router's poll of one.
         "kv_blocks_used": sum(v.get("kv_blocks_used", 0) for v in s.get("replica_loads", {}).values()),
         "replicas_reporting": len(s.get("replica_loads", {})),
     }

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from cluster.dispatcher import Dispatcher
-from cluster.metrics import ClusterMetrics
-from cluster.request_timing import TimingRecorder
+from cluster.routing.dispatcher import Dispatcher
+from cluster.telemetry.metrics import ClusterMetrics
+from cluster.telemetry.request_timing import TimingRecorder
 
 log = logging.getLogger(__name__)
 PROFILE_EVERY = 5  # polls between profile calls (the summary sorts the step history)

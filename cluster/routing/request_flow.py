@@ -19,11 +19,11 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-from cluster.dispatcher import Dispatcher, DispatchSlot
 from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnavailable
-from cluster.metrics import ClusterMetrics
-from cluster.request_timing import Outcome, RequestTiming, TimingRecorder
-from cluster.wire import GenerateArgs
+from cluster.routing.dispatcher import Dispatcher, DispatchSlot
+from cluster.serving.wire import GenerateArgs
+from cluster.telemetry.metrics import ClusterMetrics
+from cluster.telemetry.request_timing import Outcome, RequestTiming, TimingRecorder
 from tenancy import Lease, QueueFull, QuotaExceeded, QuotaManager, RequestLimitExceeded, Tenant
 
 RENEW_EVERY_S = 300.0  # well inside the shared store's lease TTL (900 s)

@@ -10,11 +10,11 @@ from ray.serve.handle import DeploymentHandle
 from redis.asyncio import Redis
 
 from cluster.config import AppConfig
-from cluster.dispatcher import Dispatcher
-from cluster.metrics import ClusterMetrics
-from cluster.reconciling_store import ReconcilingStore
-from cluster.request_flow import RequestRunner, Timeouts
-from cluster.request_timing import TimingRecorder
+from cluster.routing.dispatcher import Dispatcher
+from cluster.routing.reconciling_store import ReconcilingStore
+from cluster.routing.request_flow import RequestRunner, Timeouts
+from cluster.telemetry.metrics import ClusterMetrics
+from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import (
     Authenticator,
     FairQueue,

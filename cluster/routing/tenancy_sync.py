@@ -1,4 +1,4 @@
-"""One router's side of the cluster-wide tenancy version (``cluster/tenancy_board.py``).
+"""One router's side of the cluster-wide tenancy version (``cluster/routing/tenancy_board.py``).
 
 * Start: the version published in this deployment, if any (a router that Serve starts after a
   reload enforces what the others do), else the configured file.
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster import tenancy_board as board
 from cluster.config import AppConfig
 from cluster.errors import BadRequest
+from cluster.routing import tenancy_board as board
 from tenancy import TenancyConfig, TenancyConfigError
 from tenancy.loader import DEFAULT_CONFIG_PATH, parse_tenancy_text, read_tenancy_text
 

@@ -5,7 +5,7 @@ idle replica: a replica that holds KV blocks is the one those polls reach least,
 last reading of it can be stale. Each replica writes its own load here every second
 (``ReplicaServer``), so a check of what every replica holds (``/admin/state`` ``replica_loads``,
 ``fairlane chaos soak``) reads each live replica. Keys carry the deployment's generation (as the
-tenancy version's do, ``cluster/tenancy_board.py``); a replica that stops takes its key with it,
+tenancy version's do, ``cluster/routing/tenancy_board.py``); a replica that stops takes its key with it,
 and a killed one's goes stale and is not read.
 """
 

@@ -21,11 +21,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from cluster import replica_board
-from cluster.process_memory import rss_bytes
-from cluster.wire import GenerateArgs, error_item, merge_items, output_item
-from cluster.word_tokenizer import attach_to_engine, word_tokenizer
-from replica import Engine, EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
+from cluster.serving import replica_board
+from cluster.serving.wire import GenerateArgs, error_item, merge_items, output_item
+from cluster.telemetry.process_memory import rss_bytes
+from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
+from replica import EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,12 @@ class ReplicaServer:
         self, engine: dict[str, Any], synthetic_tokenizer: bool = False, generation: str | None = None
     ) -> None:
         """``generation``: the app deployment's id; with it the replica publishes its load every
-        second (``cluster/replica_board.py``)."""
+        second (``cluster/serving/replica_board.py``)."""
+        from replica.engine import Engine  # here: torch loads in replica processes, never in routers
+
         self._engine = Engine(EngineConfig(**engine))
         await self._engine.start()
-        if synthetic_tokenizer:  # the router encodes with the same one (cluster.prompts)
+        if synthetic_tokenizer:  # the router encodes with the same one (cluster.text.prompts)
             attach_to_engine(self._engine, word_tokenizer(self._engine.loaded.config.vocab_size))
         self._replica_id = _replica_id()
         self._started = time.monotonic()
@@ -112,7 +114,7 @@ class ReplicaServer:
         }
 
     def record_routing_stats(self) -> dict[str, Any]:
-        """Read by ``cluster.kv_router.KVAwareRouter`` to prefer free KV and few queued tokens."""
+        """Read by ``cluster.routing.kv_router.KVAwareRouter`` to prefer free KV and few queued tokens."""
         load = self.load()
         return {k: load[k] for k in ("kv_blocks_free", "waiting", "waiting_tokens", "running")}
 

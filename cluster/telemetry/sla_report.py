@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from cluster.request_timing import RequestTiming
+from cluster.telemetry.request_timing import RequestTiming
 from tenancy import SLAClass, TenancyConfig
 
 PERCENTILES = (50, 95, 99)

@@ -1,46 +1,68 @@
 """Turning OpenAI prompts into token ids on the router, with the replica's tokenizer files.
 
 The router tokenizes (rather than the replica) so admission knows the prompt's size before the
-request takes a quota slot or a place in the queue. It loads only the tokenizer, never weights.
-Text is encoded without special tokens, exactly as ``replica.Engine`` does, so results match.
+request takes a quota slot or a place in the queue. It loads only the tokenizer, never weights,
+and never torch (`cluster/text/tokenizer.py`). Completions are encoded as the checkpoint's
+tokenizer encodes text (with its BOS where it adds one); chat prompts come from the checkpoint's
+template, which writes its own special tokens, so they are encoded without adding any.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from functools import cached_property
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from pathlib import Path
 
 from cluster.errors import BadRequest
-from cluster.word_tokenizer import word_tokenizer
-from replica.model_loader import cache_root, model_dir_for
-from replica.presets import REAL_WEIGHTS
+from cluster.text.chat_template import TemplateRefused
+from cluster.text.tokenizer import RouterTokenizer
+from cluster.text.word_tokenizer import word_router_tokenizer
+from replica.embedded_model import cache_root
+from replica.errors import UnknownModelError
+from replica.presets import REAL_WEIGHTS, SHAPES
 
 
-def load_tokenizer(
-    model: str, random_weights: bool, synthetic: bool = False
-) -> PreTrainedTokenizerBase | None:
+def load_tokenizer(model: str, random_weights: bool, synthetic: bool = False) -> RouterTokenizer | None:
     """The model's tokenizer, or None for random-weight presets without one (token ids only).
 
-    ``synthetic``: the generated word tokenizer the replicas attach too (``cluster.word_tokenizer``).
+    ``synthetic``: the generated word tokenizer the replicas attach too (``cluster.text.word_tokenizer``).
     """
     if synthetic:
         vocab = _vocab_from_config(model)
         if vocab is None:
             raise ValueError(f"synthetic_tokenizer needs a preset (its vocabulary size), not {model!r}")
-        return word_tokenizer(vocab)
+        return word_router_tokenizer(vocab)
     if random_weights:
         cached = cache_root() / model
         if model in REAL_WEIGHTS and (cached / "tokenizer.json").exists():
-            return AutoTokenizer.from_pretrained(cached)
+            return RouterTokenizer.from_dir(cached)
         return None
-    return AutoTokenizer.from_pretrained(model_dir_for(model))
+    return RouterTokenizer.from_dir(tokenizer_dir(model))
+
+
+def tokenizer_dir(model: str) -> Path:
+    """The checkpoint directory of `model`: a path, or a preset's converted cache. A preset not yet
+    converted is converted by a child process, so the router never loads torch to do it."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    cached = cache_root() / model
+    if model in REAL_WEIGHTS and not (cached / "tokenizer.json").exists():
+        code = f"from replica.model_loader import model_dir_for; model_dir_for({model!r})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise UnknownModelError(done.stderr.strip().splitlines()[-1] if done.stderr else model)
+    if model in REAL_WEIGHTS:
+        return cached
+    known = ", ".join(sorted(SHAPES))
+    raise UnknownModelError(f"unknown model {model!r}: not a directory, and not one of the presets ({known})")
 
 
 class PromptEncoder:
     """Encodes completion prompts and chat messages; checks ids against the vocabulary."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int | None) -> None:
+    def __init__(self, tokenizer: RouterTokenizer | None, vocab_size: int | None) -> None:
         self._tok = tokenizer
         self._vocab = vocab_size
         self._token_text: dict[int, str] = {}
@@ -55,7 +77,7 @@ class PromptEncoder:
         long as the text it decodes to), so text longer than context x this cannot fit."""
         if self._tok is None:
             return 1 << 30  # token ids only: nothing to bound by
-        tokens = self._tok.convert_ids_to_tokens(list(range(len(self._tok))))
+        tokens = (self._tok.id_to_token(i) for i in range(len(self._tok)))
         return max(len(t) for t in tokens if t is not None)
 
     def token_text(self, token_id: int) -> str:
@@ -80,15 +102,19 @@ class PromptEncoder:
         if isinstance(prompt, str):
             if self._tok is None:
                 raise BadRequest("this model has no tokenizer: send token ids", param="prompt")
-            ids = self._tok.encode(prompt, add_special_tokens=False)
+            ids = self._tok.encode(prompt, add_special_tokens=True)
         else:
             ids = list(prompt)
         return self._checked(ids, "prompt")
 
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
-        if self._tok is None or not getattr(self._tok, "chat_template", None):
-            raise BadRequest("this model has no chat template", param="messages")
-        text = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if self._tok is None or not self._tok.chat_template:
+            raise BadRequest("this model has no chat template: use /v1/completions", param="messages")
+        try:
+            text = self._tok.render_chat(messages, add_generation_prompt=True)
+        except TemplateRefused as exc:
+            refused = f"the model's chat template refused these messages: {exc}"
+            raise BadRequest(refused, param="messages") from exc
         return self._checked(self._tok.encode(text, add_special_tokens=False), "messages")
 
     def _checked(self, ids: list[int], param: str) -> list[int]:
@@ -102,8 +128,6 @@ class PromptEncoder:
 
 
 def _vocab_from_config(model: str) -> int | None:
-    from replica.presets import SHAPES
-
     shape = SHAPES.get(model)
     # Without a tokenizer or preset the replica's engine still checks the ids against its vocabulary.
     return None if shape is None else shape.to_config_dict().get("vocab_size")

@@ -15,7 +15,9 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from transformers import PreTrainedTokenizerFast
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from cluster.text.tokenizer import RouterTokenizer
 
 # Ids 0-2 match the presets' config (bos 1, eos 2), so an engine's stop ids keep their meaning.
 SPECIALS = ("<unk>", "<s>", "</s>")
@@ -45,24 +47,40 @@ def vocabulary(vocab_size: int) -> dict[str, int]:
 
 
 @cache
-def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """The tokenizer for a model of ``vocab_size`` ids (cached: the router and replicas build it once)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-
+def word_core(vocab_size: int) -> Tokenizer:
+    """The tokenizers-library pipeline for ``vocab_size`` ids (cached: built once per process)."""
     core = Tokenizer(models.WordLevel(vocabulary(vocab_size), unk_token="<unk>"))
     core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     # WordPiece's decoder with no continuation prefix joins tokens with spaces (the WordLevel default
     # does too, but says so nowhere; this makes it explicit) and tidies spaces before punctuation.
     core.decoder = decoders.WordPiece(prefix="\x00", cleanup=True)
+    return core
+
+
+def word_router_tokenizer(vocab_size: int) -> RouterTokenizer:
+    """The router's view: no transformers, so no torch in the router process."""
+    specials = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
+    return RouterTokenizer(core=word_core(vocab_size), chat_template=CHAT_TEMPLATE, special_tokens=specials)
+
+
+@cache
+def word_tokenizer(vocab_size: int) -> Any:
+    """The replica's view, a transformers ``PreTrainedTokenizerFast`` over the same pipeline."""
+    from transformers import PreTrainedTokenizerFast
+
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>", model_max_length=1 << 20
+        tokenizer_object=word_core(vocab_size),
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        model_max_length=1 << 20,
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
-def attach_to_engine(engine: Any, tokenizer: PreTrainedTokenizerFast) -> None:
+def attach_to_engine(engine: Any, tokenizer: Any) -> None:
     """Give a started ``replica.Engine`` this tokenizer (it then detokenizes and takes text).
 
     ``replica.EngineConfig`` has no tokenizer field, and the engine reads ``loaded.tokenizer`` for

@@ -1,4 +1,4 @@
-"""The body of ``fairlane simulate`` (cluster/cli.py holds only the typer signature)."""
+"""The body of ``fairlane simulate`` (fairlane/cli.py holds only the typer signature)."""
 
 from __future__ import annotations
 

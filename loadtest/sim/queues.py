@@ -2,7 +2,7 @@
 tiers) and a first-come-first-served baseline with the same interface and bounds.
 
 ``FifoQueue`` is a baseline, not fairlane code: it implements only what
-``cluster.dispatcher.Dispatcher`` calls (push, peek_next, pop_next, remove, counter, charge,
+``cluster.routing.dispatcher.Dispatcher`` calls (push, peek_next, pop_next, remove, counter, charge,
 ``in``, ``len``), so the same real dispatcher drives every discipline.
 """
 

@@ -3,7 +3,7 @@
 * Admission: ``tenancy.QuotaManager.admit_sync`` / ``release_sync`` over a ``MemoryQuotaStore``,
   both with the event loop's clock.
 * Waiting: the queue from ``loadtest.sim.queues`` (the real ``FairQueue`` for vtc / fair_sla).
-* Dispatch: the real ``cluster.dispatcher.Dispatcher``. Its public entry point ``wait_turn`` is
+* Dispatch: the real ``cluster.routing.dispatcher.Dispatcher``. Its public entry point ``wait_turn`` is
   a coroutine (asyncio futures and timeouts), so the simulator does what ``wait_turn`` does
   without the event loop: push, register a waiter, ``_kick()``; the waiter is a ``_Grant`` whose
   ``set_result`` hands the request to a replica (NEEDS.md item 1 asks for a sync entry point).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from cluster.dispatcher import Dispatcher, DispatchSlot
+from cluster.routing.dispatcher import Dispatcher, DispatchSlot
 from loadtest.sim.events import EventLoop
 from loadtest.sim.outcomes import LIMIT, QUEUE_FULL, QUEUE_TIMEOUT, QUOTA, Outcomes, ServiceSampler
 from loadtest.sim.pool import ReplicaPool

@@ -42,7 +42,7 @@ def simulate(
     step: StepModel,
     sample_interval_s: float = 5.0,
 ) -> RunResult:
-    from cluster.dispatcher import Dispatcher
+    from cluster.routing.dispatcher import Dispatcher
 
     started = time.perf_counter()
     loop = EventLoop()

@@ -13,7 +13,7 @@ import yaml
 from ray import serve
 
 from cluster.app import build_app
-from cluster.local_cluster import ray_env
+from cluster.ops.local_cluster import ray_env
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEY_SALT, DEMO_KEYS, default_tenancy_config, hash_api_key
 
 MODEL = "smollm2-135m"

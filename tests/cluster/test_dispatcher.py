@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from cluster.dispatcher import Dispatcher
 from cluster.errors import ServiceUnavailable
+from cluster.routing.dispatcher import Dispatcher
 from tenancy import FairQueue, default_tenancy_config
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cluster.cli import app
+from fairlane.cli import app
 from tenancy import DEMO_KEY_SALT, DEMO_KEYS, hash_api_key
 from tenancy.loader import DEFAULT_CONFIG_PATH
 

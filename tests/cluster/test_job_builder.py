@@ -8,10 +8,10 @@ import threading
 import pytest
 
 from cluster.config import AppConfig
+from cluster.edge.job_builder import JobBuilder
+from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.errors import BadRequest
-from cluster.job_builder import JobBuilder
-from cluster.openai_schemas import ChatCompletionRequest, CompletionRequest
-from cluster.prompts import PromptEncoder
+from cluster.text.prompts import PromptEncoder
 from tenancy import default_tenancy_config
 
 CONTEXT = 64

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.router_core import redis_url_with_password
+from cluster.routing.router_core import redis_url_with_password
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster.replica_deployment import ReplicaServer
-from cluster.wire import GenerateArgs
+from cluster.serving.replica_deployment import ReplicaServer
+from cluster.serving.wire import GenerateArgs
 
 
 async def test_engine_stop_mid_stream_yields_an_error_item() -> None:

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 from bench.router_cost import PacedReplica
 from cluster.app import replica_options, router_options
 from cluster.config import AppConfig
-from cluster.dispatcher import Dispatcher
-from cluster.metrics import ClusterMetrics
-from cluster.request_flow import RequestRunner, Timeouts
-from cluster.request_timing import TimingRecorder
-from cluster.responses import ResponseMeta, sse_stream
-from cluster.wire import GenerateArgs
+from cluster.edge.responses import ResponseMeta, sse_stream
+from cluster.routing.dispatcher import Dispatcher
+from cluster.routing.request_flow import RequestRunner, Timeouts
+from cluster.serving.wire import GenerateArgs
+from cluster.telemetry.metrics import ClusterMetrics
+from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import FairQueue, MemoryQuotaStore, QuotaManager, default_tenancy_config
 
 
@@ -102,7 +102,7 @@ def test_paced_replica_coalesces_like_the_replica_server() -> None:
 
 
 def test_a_ray_started_here_tells_serve_whether_the_proxy_uses_grpc(monkeypatch) -> None:
-    from cluster.local_cluster import ray_env
+    from cluster.ops.local_cluster import ray_env
 
     monkeypatch.setenv("RAY_SERVE_PROXY_USE_GRPC", "unset-marker")
     ray_env(proxy_grpc=None)  # joining a cluster: its own setting stays

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.request_timing import RequestTiming
-from cluster.sla_report import build_report, percentile
+from cluster.telemetry.request_timing import RequestTiming
+from cluster.telemetry.sla_report import build_report, percentile
 from tenancy import default_tenancy_config
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster.replica_deployment import ReplicaServer
-from cluster.wire import GenerateArgs
+from cluster.serving.replica_deployment import ReplicaServer
+from cluster.serving.wire import GenerateArgs
 
 PROMPT = [1, 504, 3458, 314, 253, 1789, 28, 30, 216]
 SAMPLING = {"max_tokens": 24, "temperature": 0.0, "ignore_eos": True}

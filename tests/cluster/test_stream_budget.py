@@ -9,11 +9,11 @@ import asyncio
 import pytest
 
 from cluster.config import AppConfig
-from cluster.dispatcher import Dispatcher
-from cluster.metrics import ClusterMetrics
-from cluster.request_flow import MAX_STREAM_INTERVAL_S, Job, RequestRunner, Timeouts, stream_interval
-from cluster.request_timing import TimingRecorder
-from cluster.wire import GenerateArgs
+from cluster.routing.dispatcher import Dispatcher
+from cluster.routing.request_flow import MAX_STREAM_INTERVAL_S, Job, RequestRunner, Timeouts, stream_interval
+from cluster.serving.wire import GenerateArgs
+from cluster.telemetry.metrics import ClusterMetrics
+from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import FairQueue, MemoryQuotaStore, QuotaManager, default_tenancy_config
 
 

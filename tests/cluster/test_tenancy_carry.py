@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from cluster.config import AppConfig
-from cluster.dispatcher import Dispatcher
-from cluster.router_core import RouterCore
+from cluster.routing.dispatcher import Dispatcher
+from cluster.routing.router_core import RouterCore
 from tenancy import FairQueue, TenancyConfig, UnknownTenantError, default_tenancy_config
 
 

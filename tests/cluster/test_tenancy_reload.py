@@ -15,7 +15,7 @@ import ray
 import yaml
 from ray import serve
 
-from cluster.chaos_ray import replica_actor_names
+from cluster.ops.chaos_ray import replica_actor_names
 from tenancy import DEMO_KEY_SALT, hash_api_key
 from tests.cluster.helpers import ADMIN, ALICE, MODEL, admin_state, start_app, wait_until, write_tenancy
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import tenancy_board
 from cluster.errors import BadRequest
-from cluster.tenancy_sync import Deployment, TenancySync
+from cluster.routing import tenancy_board
+from cluster.routing.tenancy_sync import Deployment, TenancySync
 from tenancy import DEMO_KEY_SALT, TenancyConfig, default_tenancy_config
 
 

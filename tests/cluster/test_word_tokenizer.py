@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster.prompts import PromptEncoder
-from cluster.word_tokenizer import SPECIALS, attach_to_engine, word_tokenizer
+from cluster.text.prompts import PromptEncoder
+from cluster.text.word_tokenizer import SPECIALS, attach_to_engine, word_tokenizer
 
 VOCAB = 49152  # the SmolLM2 preset's
 

@@ -9,7 +9,7 @@ import time
 
 import ray
 
-from cluster.chaos_drills import DrillReport, Target
+from cluster.ops.chaos_drills import DrillReport, Target
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEY_SALT, DEMO_KEYS, hash_api_key
 
 FAULT_APP, FAULT_PREFIX = "fl-faults", "/faults"

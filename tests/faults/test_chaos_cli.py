@@ -6,9 +6,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cluster.chaos_cli import show
-from cluster.chaos_drills import DrillReport
-from cluster.cli import app
+from cluster.ops.chaos_drills import DrillReport
+from fairlane.chaos_cli import show
+from fairlane.cli import app
 
 COUNTS = {"sent": 3, "completed": 1, "rejected": 1, "errored": 0, "aborted": 1}
 

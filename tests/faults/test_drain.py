@@ -1,4 +1,4 @@
-"""Fault 6: graceful drain. What ``fairlane serve`` does on SIGTERM (``cluster.local_cluster``
+"""Fault 6: graceful drain. What ``fairlane serve`` does on SIGTERM (``cluster.ops.local_cluster``
 calls ``cluster.drain.drain``): new requests get 503 + Retry-After, in-flight streams finish."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cluster import cli
+from fairlane import cli
 from tenancy import DEMO_KEYS
 from tests.faults.fault_helpers import MODEL, wait_for
 from tests.redis_server import free_port

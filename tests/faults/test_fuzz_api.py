@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from cluster.chaos_client import parse_counters
+from cluster.ops.chaos_client import parse_counters
 from tenancy import DEMO_ADMIN_KEY
 from tests.faults.fault_helpers import FUZZ_KEY
 

@@ -9,8 +9,8 @@ import asyncio
 
 from ray import serve
 
-from cluster.chaos_client import ClientRecord, tally
-from cluster.chaos_drills import DrillReport, disconnect_storm, overload
+from cluster.ops.chaos_client import ClientRecord, tally
+from cluster.ops.chaos_drills import DrillReport, disconnect_storm, overload
 from tests.faults.conftest import QUEUE_TOTAL
 from tests.faults.fault_helpers import (
     FAULT_APP,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from ray import serve
 
-from cluster.chaos_redis import redis_outage
+from cluster.ops.chaos_redis import redis_outage
 from tests.cluster.helpers import start_app
 from tests.faults.fault_helpers import METERED_KEY, METERED_RPM, assert_accounted, target
 from tests.redis_server import RedisProcess

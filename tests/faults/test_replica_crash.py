@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster.chaos_drills import replica_crash
-from cluster.chaos_ray import ReplicaKiller
+from cluster.ops.chaos_drills import replica_crash
+from cluster.ops.chaos_ray import ReplicaKiller
 from tests.faults.fault_helpers import FAULT_APP, assert_accounted, target
 
 

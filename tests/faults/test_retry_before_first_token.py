@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.dispatcher import Dispatcher
 from cluster.errors import ReplicaFailure
-from cluster.metrics import ClusterMetrics
-from cluster.request_flow import Job, RequestRunner, Timeouts
-from cluster.request_timing import TimingRecorder
+from cluster.routing.dispatcher import Dispatcher
+from cluster.routing.request_flow import Job, RequestRunner, Timeouts
+from cluster.telemetry.metrics import ClusterMetrics
+from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import FairQueue, MemoryQuotaStore, QuotaManager, default_tenancy_config
 
 

@@ -12,8 +12,8 @@ import pytest
 import redis as redis_client
 from ray import serve
 
-from cluster.chaos_ray import ReplicaKiller
-from cluster.chaos_soak import SoakFaults, SoakPlan, soak
+from cluster.ops.chaos_ray import ReplicaKiller
+from cluster.ops.chaos_soak import SoakFaults, SoakPlan, soak
 from tests.cluster.helpers import start_app
 from tests.faults.fault_helpers import assert_accounted, target
 from tests.redis_server import RedisProcess

@@ -1,4 +1,5 @@
-"""The Grafana dashboard: valid JSON whose queries use the metrics and labels cluster/metrics.py exports."""
+"""The Grafana dashboard: valid JSON whose queries use the metrics and labels that
+cluster/telemetry/metrics.py exports."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.utils import floatToGoString
 
-from cluster.metrics import LATENCY_BUCKETS, ClusterMetrics
+from cluster.telemetry.metrics import LATENCY_BUCKETS, ClusterMetrics
 from tests.helm.chart import Rendered, chart_defaults, ci_values, render
 
 METRIC = re.compile(r"\bfairlane_[a-z0-9_]+\b")

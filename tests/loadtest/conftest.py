@@ -40,7 +40,7 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import ray
     from ray import serve
 
-    from cluster.local_cluster import ray_env
+    from cluster.ops.local_cluster import ray_env
     from tests.cluster.helpers import start_app, write_tenancy
     from tests.redis_server import free_port
 

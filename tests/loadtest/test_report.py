@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cluster.cli import app
+from fairlane.cli import app
 from loadtest.records import read_records
 
 SCENARIO = {

@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from cluster.reconciling_store import ReconcilingStore
+from cluster.routing.reconciling_store import ReconcilingStore
 from tenancy import LimitSpec, MemoryQuotaStore, RedisQuotaStore
 from tenancy.store import day_of
 from tests.redis_server import RedisProcess

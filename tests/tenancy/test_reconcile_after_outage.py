@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from cluster.reconciling_store import ReconcilingStore
+from cluster.routing.reconciling_store import ReconcilingStore
 from tenancy import LimitSpec, RedisQuotaStore
 from tests.redis_server import RedisProcess
 from tests.tenancy.helpers import FakeClock

@@ -1,4 +1,4 @@
-"""The cluster benchmark's command line (``loadtest.device_cluster_run``): options → a ``Plan``."""
+"""The cluster benchmark's command line (``bench.cluster_run``): options → a ``Plan``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from loadtest.cluster_bench_plan import GPU, GPU_X2, SMOKE, SMOKE_X2, Plan
+from bench.cluster_plan import GPU, GPU_X2, SMOKE, SMOKE_X2, Plan
 
 
 def pick_plan(args: argparse.Namespace) -> Plan:

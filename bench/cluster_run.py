@@ -1,10 +1,10 @@
-"""The GPU cluster benchmark (issue 8) in one command; ``loadtest/device_cluster_run.sh`` wraps it.
+"""The GPU cluster benchmark (issue 8) in one command; ``bench/cluster_run.sh`` wraps it.
 
-    python3 -m loadtest.device_cluster_run --out DIR [--smoke] [--config APP.yaml] [--budget-s S]
+    python3 -m bench.cluster_run --out DIR [--smoke] [--config APP.yaml] [--budget-s S]
         [--replicas 1,2] [--engine-estimate-tps X]
 
 1. The engine alone (a child process, before the cluster takes the device): a closed loop of C
-   requests of one fixed shape, straight into ``Engine.generate`` (``loadtest.engine_alone``).
+   requests of one fixed shape, straight into ``Engine.generate`` (``bench.engine_alone``).
    With ``--engine-estimate-tps`` it is not run: X (an earlier run's figure) stands for it.
 2. For each replica count (``--replicas``, default 1): ``fairlane serve`` with the app config at
    that ``num_replicas`` (a child process); wait until ``/health`` counts that many replicas; then
@@ -37,16 +37,15 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from loadtest.capacity import offered_output_tps, run_sweep
-from loadtest.cluster_bench_args import parser, pick_plan
-from loadtest.cluster_bench_plan import (
+from bench.cluster_args import parser, pick_plan
+from bench.cluster_plan import (
     Plan,
     at_load,
     closed_loop,
     effective_config,
     with_answer_scale,
 )
-from loadtest.cluster_bench_steps import (
+from bench.cluster_steps import (
     bundle,
     engine_alone,
     jsonable,
@@ -58,7 +57,8 @@ from loadtest.cluster_bench_steps import (
     warm_up,
     with_replicas,
 )
-from loadtest.cluster_bench_table import bench_table
+from bench.cluster_table import bench_table
+from loadtest.capacity import offered_output_tps, run_sweep
 from loadtest.run_dir import write_run
 from loadtest.runner import run_scenario
 from loadtest.scenario import Scenario, load_scenario

@@ -1,4 +1,4 @@
-"""Sizes, times and scenarios of the cluster benchmark (``loadtest.device_cluster_run``)."""
+"""Sizes, times and scenarios of the cluster benchmark (``bench.cluster_run``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one table of the cluster benchmark (``loadtest.device_cluster_run``'s results.json)."""
+"""The one table of the cluster benchmark (``bench.cluster_run``'s results.json)."""
 
 from __future__ import annotations
 

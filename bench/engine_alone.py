@@ -1,6 +1,6 @@
 """The engine alone under a closed-loop scenario: the baseline of the Serve-path overhead.
 
-    python -m loadtest.engine_alone --config APP.yaml --scenario SCENARIO.json --out DIR
+    python -m bench.engine_alone --config APP.yaml --scenario SCENARIO.json --out DIR
 
 Builds the replica's engine in this process from the app config (same model, sizes, tokenizer)
 and sends the scenario's closed-loop requests straight to ``Engine.generate``: the same prompts,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cluster.app import engine_kwargs
 from cluster.config import AppConfig, load_app_config
-from cluster.word_tokenizer import attach_to_engine, word_tokenizer
+from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
 from loadtest.client import monotonic_since
 from loadtest.plan import ClosedLoopSource, PlannedRequest
 from loadtest.records import RequestRecord
@@ -99,7 +99,7 @@ class EngineAloneRun:
             record.end = self._clock()
 
     def _prompt_ids(self, prompt: str) -> list[int]:
-        # As the router encodes (cluster.prompts): raw text for completions, the template for chat.
+        # As the router encodes (cluster.text.prompts): raw text for completions, the template for chat.
         if self.s.endpoint == "chat":
             return self.engine.apply_chat_template([{"role": "user", "content": prompt}])
         return self.engine.tokenizer.encode(prompt, add_special_tokens=False)

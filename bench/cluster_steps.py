@@ -1,4 +1,4 @@
-"""Steps of the cluster benchmark (``loadtest.device_cluster_run``) that need no state of the run."""
+"""Steps of the cluster benchmark (``bench.cluster_run``) that need no state of the run."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def engine_alone(cfg: Path, sc: Scenario, runs: Path, timeout_s: float) -> dict:
     spec = runs.parent / "closed-loop.json"
     spec.write_text(sc.model_dump_json(), encoding="utf-8")
     out = runs / "engine-alone"
-    cmd = [sys.executable, "-m", "loadtest.engine_alone", "--config", str(cfg), "--scenario", str(spec)]
+    cmd = [sys.executable, "-m", "bench.engine_alone", "--config", str(cfg), "--scenario", str(spec)]
     subprocess.run([*cmd, "--out", str(out)], cwd=REPO_ROOT, check=True, timeout=timeout_s)
     return read_summary(out)
 

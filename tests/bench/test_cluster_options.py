@@ -8,11 +8,11 @@ import pytest
 import redis
 import yaml
 
+from bench.cluster_args import parser, pick_plan
+from bench.cluster_plan import at_load, with_answer_scale
+from bench.cluster_run import Bench
+from bench.cluster_steps import redis_server, with_replicas
 from loadtest.capacity import offered_output_tps
-from loadtest.cluster_bench_args import parser, pick_plan
-from loadtest.cluster_bench_plan import at_load, with_answer_scale
-from loadtest.cluster_bench_steps import redis_server, with_replicas
-from loadtest.device_cluster_run import Bench
 from loadtest.scenario import load_scenario
 from tests.redis_server import redis_server_binary
 

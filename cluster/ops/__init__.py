@@ -1,0 +1,1 @@
+"""Operations: a local cluster for the CLI and benchmarks, fault drills and the soak."""

@@ -1,0 +1,1 @@
+"""Routing and dispatch: admission, the fair queue's dispatcher, replica choice, tenancy sync."""

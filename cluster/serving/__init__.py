@@ -1,0 +1,1 @@
+"""Replica serving: the Serve deployment around the engine, its wire format and load board."""

@@ -1,0 +1,1 @@
+"""What the cluster reports: Prometheus metrics, request timings, SLA reports, process memory."""

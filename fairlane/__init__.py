@@ -1,0 +1,1 @@
+"""The `fairlane` command line: serve, demo, load tests, reports, drills and benchmarks."""
