@@ -170,7 +170,15 @@ class AppConfig(_Frozen):
     log_request_text: bool = Field(
         default=False, description="Log prompt and completion text (off: text never reaches a log)."
     )
-    default_max_tokens: int = Field(default=16, gt=0, description="max_tokens when a request gives none.")
+    default_max_tokens: int = Field(
+        default=16, gt=0, description="max_tokens of a completion that gives none (OpenAI's default)."
+    )
+    chat_default_max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Cap on a chat answer that gives no max_tokens; None: the rest of the context, as "
+        "OpenAI and vLLM (quotas and the fair queue count it until the answer ends).",
+    )
     max_n: int = Field(default=8, ge=1, le=128, description="Choices one request may ask for (n), at most.")
     timing_history: int = Field(default=50_000, gt=0, description="Request timing records kept per router.")
     host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")

@@ -38,12 +38,12 @@ class JobBuilder:
             raise NotFound(f"the model {body.model!r} does not exist", code="model_not_found", param="model")
         if body.n > self._cfg.max_n:
             raise BadRequest(f"n is at most {self._cfg.max_n} on this server", code="invalid_n", param="n")
-        sampling = body.sampling_fields()
+        sampling = {**body.sampling_fields(), **self._checkpoint_defaults(body)}
         if isinstance(body, ChatCompletionRequest):
             messages = body.template_messages()
             chars = sum(len(m["content"]) for m in messages)
             ids = await self._encode(self._encoder.chat, messages, chars, "messages")
-            max_tokens = body.output_limit()
+            max_tokens = body.output_limit() or await self._chat_default_limit(len(ids))
             sampling["logprobs"] = body.logprob_count()
         else:
             try:
@@ -56,7 +56,7 @@ class JobBuilder:
             sampling["logprobs"] = body.logprobs
             sampling["prompt_logprobs"] = prompt_logprobs
         if max_tokens is None:
-            max_tokens = self._cfg.default_max_tokens
+            max_tokens = self._encoder.sampling_defaults.get("max_tokens", self._cfg.default_max_tokens)
         await self._check_context(len(ids), max_tokens)
         self._check_token_ids(sampling)
         sampling["max_tokens"] = max_tokens
@@ -66,6 +66,19 @@ class JobBuilder:
             raise BadRequest(str(exc)) from None
         coalesce = self._cfg.stream_interval_s if body.stream else NON_STREAM_COALESCE_S
         return Job(request_id, tenant, tenant.sla_class, ids, sampling, coalesce)
+
+    def _checkpoint_defaults(self, body: CompletionRequest | ChatCompletionRequest) -> dict:
+        """The checkpoint's recommended values for the sampling fields this request leaves out."""
+        given = body.model_fields_set
+        defaults = self._encoder.sampling_defaults
+        return {k: v for k, v in defaults.items() if k != "max_tokens" and k not in given}
+
+    async def _chat_default_limit(self, prompt_tokens: int) -> int:
+        """A chat request without max_tokens may answer to the end of the context, as OpenAI and vLLM
+        allow; the checkpoint's max_new_tokens or `chat_default_max_tokens` cap it where set."""
+        room = max(await self._context() - prompt_tokens, 1)
+        caps = [self._encoder.sampling_defaults.get("max_tokens"), self._cfg.chat_default_max_tokens]
+        return min([room, *(int(c) for c in caps if c)])
 
     def _check_token_ids(self, sampling: dict) -> None:
         """logit_bias keys must be token ids of this model's vocabulary."""
@@ -87,24 +100,24 @@ class JobBuilder:
         """Tokenize (and template) a prompt without holding the router's event loop: text that cannot
         fit the context is refused before any tokenizing (no token of this vocabulary holds more
         than `max_token_chars` characters), and long text is tokenized on a worker thread."""
-        if chars:
-            if self._max_model_len is None:
-                self._max_model_len = await self._fetch_len()
-            if chars > self._max_model_len * self._encoder.max_token_chars:
-                raise BadRequest(
-                    f"the prompt's {chars} characters cannot fit this model's context of "
-                    f"{self._max_model_len} tokens",
-                    code="context_length_exceeded",
-                    param=param,
-                )
+        if chars and chars > await self._context() * self._encoder.max_token_chars:
+            raise BadRequest(
+                f"the prompt's {chars} characters cannot fit this model's context of "
+                f"{self._max_model_len} tokens",
+                code="context_length_exceeded",
+                param=param,
+            )
         if chars > INLINE_CHARS:
             return await asyncio.to_thread(encode, prompt)
         return encode(prompt)
 
-    async def _check_context(self, prompt_tokens: int, max_tokens: int) -> None:
+    async def _context(self) -> int:
         if self._max_model_len is None:
             self._max_model_len = await self._fetch_len()
-        limit = self._max_model_len
+        return self._max_model_len
+
+    async def _check_context(self, prompt_tokens: int, max_tokens: int) -> None:
+        limit = await self._context()
         if prompt_tokens + max_tokens > limit:
             raise BadRequest(
                 f"this model's maximum context length is {limit} tokens; the request asks for "

@@ -20,6 +20,7 @@ from cluster.text.tokenizer import RouterTokenizer
 from cluster.text.word_tokenizer import word_router_tokenizer
 from replica.embedded_model import cache_root
 from replica.errors import UnknownModelError
+from replica.generation_defaults import read_generation_defaults
 from replica.presets import REAL_WEIGHTS, SHAPES
 
 
@@ -62,10 +63,18 @@ def tokenizer_dir(model: str) -> Path:
 class PromptEncoder:
     """Encodes completion prompts and chat messages; checks ids against the vocabulary."""
 
-    def __init__(self, tokenizer: RouterTokenizer | None, vocab_size: int | None) -> None:
+    def __init__(
+        self,
+        tokenizer: RouterTokenizer | None,
+        vocab_size: int | None,
+        sampling_defaults: dict[str, float | int] | None = None,
+    ) -> None:
         self._tok = tokenizer
         self._vocab = vocab_size
         self._token_text: dict[int, str] = {}
+        # The checkpoint's recommended sampling values (generation_config.json), for fields a
+        # request leaves out, as vLLM applies them; empty for presets.
+        self.sampling_defaults = dict(sampling_defaults or {})
 
     @property
     def vocab_size(self) -> int | None:
@@ -96,7 +105,10 @@ class PromptEncoder:
     def for_model(cls, model: str, random_weights: bool, synthetic: bool = False) -> PromptEncoder:
         tok = load_tokenizer(model, random_weights, synthetic)
         vocab = len(tok) if tok is not None else _vocab_from_config(model)
-        return cls(tok, vocab)
+        defaults = {}
+        if not (random_weights or synthetic):
+            defaults = read_generation_defaults(tokenizer_dir(model)).sampling_overrides()
+        return cls(tok, vocab, defaults)
 
     def completion(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
