@@ -38,16 +38,35 @@ def serve_cmd(
     config: Path | None = typer.Option(None, "--config", help="App config YAML (cluster.config.AppConfig)."),
     address: str | None = typer.Option(None, "--address", help="Ray address to join; default: start one."),
     port: int | None = typer.Option(None, "--port", help="HTTP port (overrides the config)."),
+    model: str | None = typer.Option(
+        None, "--model", help="A Hugging Face checkpoint directory or a preset (overrides the config)."
+    ),
+    served_model_name: str | None = typer.Option(
+        None, "--served-model-name", help="The model's name in the API; default: the directory's name."
+    ),
 ) -> None:
     """Run the cluster until interrupted (default: local Ray, in-memory quotas, SmolLM2, port 8000)."""
     overrides = {} if port is None else {"port": port}
-    cfg = load_app_config(config, overrides)
+    cfg = with_model(load_app_config(config, overrides), model, served_model_name)
     stop = StopSignal()
     # SIGTERM handling goes in between ray.init (which installs Ray's own, aborting handler) and
     # Serve opening the port; leaving the block drains within cfg.drain_timeout_s.
     with local_cluster(cfg, address, on_ray_up=stop.install) as base_url:
         console.print(f"fairlane serving [bold]{cfg.served_model_name}[/] at {base_url}/v1 (Ctrl-C to stop)")
         stop.wait()
+
+
+def with_model(cfg: AppConfig, model: str | None, served_name: str | None) -> AppConfig:
+    """The config serving `model` (a directory or a preset) under `served_name`."""
+    if model is None and served_name is None:
+        return cfg
+    data = cfg.model_dump(exclude_unset=True)
+    if model is not None:
+        data["engine"] = {**data.get("engine", {}), "model": model}
+        path = Path(model).expanduser()
+        served_name = served_name or (path.resolve().name if path.is_dir() else model)
+    data["served_model_name"] = served_name or cfg.served_model_name
+    return AppConfig.model_validate(data)
 
 
 @app.command()
