@@ -21,6 +21,7 @@ COPY --chown=ray:users tenancy tenancy
 COPY --chown=ray:users cluster cluster
 COPY --chown=ray:users loadtest loadtest
 COPY --chown=ray:users bench bench
+COPY --chown=ray:users fairlane fairlane
 
 # Dependencies from pyproject.toml, less two: torch (its CUDA build first) and the embedded model's
 # package, installed without its own dependencies (its GGUF file is read by `gguf` and transformers;

@@ -32,3 +32,11 @@ def test_the_image_is_built_from_the_pinned_ray_and_python() -> None:
     readme = (ROOT / "helm/fairlane/README.md").read_text(encoding="utf-8")
     built = f"docker build -t {values['image']['repository']}:{chart['appVersion']} ."
     assert built in readme and built in (ROOT / "Dockerfile").read_text(encoding="utf-8"), built
+
+
+def test_the_image_copies_every_package_the_project_installs() -> None:
+    """A package added to pyproject.toml but not copied into the image installs nothing there."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = {p.rstrip("*") for p in config["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = set(re.findall(r"^COPY \S+ (\w+) \1$", (ROOT / "Dockerfile").read_text(), flags=re.MULTILINE))
+    assert packages <= copied, sorted(packages - copied)
