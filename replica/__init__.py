@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 _WHERE = {
     "EngineConfig": "replica.config",
     "Engine": "replica.engine",
+    "CheckpointError": "replica.errors",
     "DuplicateRequestError": "replica.errors",
     "EngineError": "replica.errors",
     "EngineStoppedError": "replica.errors",
@@ -20,6 +21,7 @@ _WHERE = {
     "PromptTooLongError": "replica.errors",
     "RequestFailedError": "replica.errors",
     "UnknownModelError": "replica.errors",
+    "UnsupportedArchitectureError": "replica.errors",
     "EngineStats": "replica.outputs",
     "RequestMetrics": "replica.outputs",
     "RequestOutput": "replica.outputs",
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from replica.config import EngineConfig
     from replica.engine import Engine
     from replica.errors import (
+        CheckpointError,
         DuplicateRequestError,
         EngineError,
         EngineStoppedError,
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
         PromptTooLongError,
         RequestFailedError,
         UnknownModelError,
+        UnsupportedArchitectureError,
     )
     from replica.outputs import EngineStats, RequestMetrics, RequestOutput
     from replica.presets import DEFAULT_MODEL, preset_names
@@ -55,6 +59,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_MODEL",
+    "CheckpointError",
     "DuplicateRequestError",
     "Engine",
     "EngineConfig",
@@ -68,5 +73,6 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "UnknownModelError",
+    "UnsupportedArchitectureError",
     "preset_names",
 ]

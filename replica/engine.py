@@ -30,6 +30,7 @@ from replica.config import EngineConfig
 from replica.detokenizer import IncrementalDetokenizer
 from replica.engine_core import EngineCore, _Abort, _Add, _Hold
 from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError, PromptTooLongError
+from replica.generation_defaults import GenerationDefaults
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput
@@ -80,8 +81,8 @@ class Engine:
     def _build_core(self) -> EngineCore:
         cfg = self.config
         self.loaded = load_model(cfg.model, self.device, self.dtype, cfg.random_weights, cfg.weights_seed)
-        model_cfg = self.loaded.config
-        self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, model_cfg.max_position_embeddings)
+        # The model's own limit: max_position_embeddings, or a sliding window (replica/architectures.py)
+        self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, self.loaded.max_model_len)
         num_blocks = cfg.num_kv_blocks or self._default_num_blocks()
         blocks = BlockManager(num_blocks, cfg.block_size)
         decode_kernel = DecodeKernelShape(
@@ -96,7 +97,7 @@ class Engine:
         scheduler = Scheduler(
             blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width, keep_prompts_whole=whole
         )
-        return EngineCore(runner, scheduler, self._eos_ids(), cfg.mode, cfg.profile_history)
+        return EngineCore(runner, scheduler, set(self.eos_token_ids), cfg.mode, cfg.profile_history)
 
     def _default_num_blocks(self) -> int:
         cfg = self.config
@@ -105,15 +106,6 @@ class Engine:
         free, _ = torch.cuda.mem_get_info(self.device)
         per_block = ModelRunner.kv_bytes_per_block(self.loaded.model, cfg.block_size, self.dtype)
         return max(2, int(free * cfg.gpu_memory_fraction) // per_block)
-
-    def _eos_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for source in (self.loaded.config.eos_token_id, getattr(self.loaded.tokenizer, "eos_token_id", None)):
-            if isinstance(source, int):
-                ids.add(source)
-            elif source:
-                ids.update(source)
-        return ids
 
     # ---- requests --------------------------------------------------------------------------------
     def hold(self) -> None:
@@ -132,6 +124,22 @@ class Engine:
     @property
     def tokenizer(self):
         return self.loaded.tokenizer if self.loaded else None
+
+    # ---- the checkpoint's own settings (after start) ---------------------------------------------
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends a sequence unless a request sets ignore_eos (config.json's,
+        generation_config.json's and the tokenizer's)."""
+        return self.loaded.eos_token_ids
+
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        """generation_config.json's values; `.sampling_overrides()` gives them as SamplingParams fields."""
+        return self.loaded.generation_defaults
+
+    @property
+    def load_seconds(self) -> float:
+        return self.loaded.load_seconds
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):

@@ -17,6 +17,14 @@ class UnknownModelError(EngineError, ValueError):
     """The model name is neither a preset nor a local model directory."""
 
 
+class UnsupportedArchitectureError(UnknownModelError):
+    """A model directory whose architecture (or a setting of it) the engine does not implement."""
+
+
+class CheckpointError(UnknownModelError):
+    """A model directory whose files are missing, unreadable or do not fit its config."""
+
+
 class DuplicateRequestError(InvalidRequestError):
     """A request id is already in flight."""
 

@@ -3,6 +3,8 @@
 Parameter names follow Hugging Face's LlamaForCausalLM except two fusions (q/k/v into `qkv_proj`,
 gate/up into `gate_up_proj`) that halve the matrix launches per layer; `weights.py` maps the names.
 The maths mirrors transformers' implementation op for op so greedy outputs match `generate`.
+Llama, Mistral, Qwen2 and Qwen3 checkpoints share this module: their differences (biases, per-head
+q/k norms, head size) come from the config's `ArchSpec` (replica/architectures.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from replica.architectures import ArchSpec, arch_spec
 from replica.attention import (
     fused_rope_decode,
     fuses_rope_into_decode,
@@ -27,8 +30,8 @@ def project(linear: nn.Linear, x: torch.Tensor, k_slices: int, triton: bool = Fa
     """linear(x), or with k_slices > 1 (and a decode-sized x) its float32 K-slice partial products,
     which the next `add_rmsnorm` adds (see replica/triton_fused.py `linear_partials`). With `triton`,
     a Triton kernel computes the partials (replica/triton_gemm.py) where it takes the launch."""
-    if triton or k_slices > 1:
-        assert linear.bias is None, "K-slice partials carry no bias"
+    if linear.bias is not None:  # the norm kernel that adds partials adds no bias: the plain GEMM
+        return linear(x)
     if triton:
         import replica.triton_gemm as triton_gemm
 
@@ -55,13 +58,26 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+    def __init__(self, hidden: int, heads: int, kv_heads: int, spec: ArchSpec, eps: float) -> None:
         super().__init__()
+        head_dim = spec.head_dim
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
-        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, hidden, bias=False)
+        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=spec.o_bias)
         self.scale = head_dim**-0.5
+        self.qk_norm = spec.qk_norm  # Qwen3: RMSNorm over each q and k head, before the rotary embedding
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps)
+            self.k_norm = RMSNorm(head_dim, eps)
+
+    def _norm_heads_in_place(self, qkv: torch.Tensor) -> None:
+        """The q and k heads of qkv rows normalised where they are, so the fused rope kernels (which
+        read q and k from those rows) see them as transformers' q_norm / k_norm leave them."""
+        q = qkv[:, : self.q_size].view(-1, self.heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, self.kv_heads, self.head_dim)
+        q.copy_(self.q_norm(q))
+        k.copy_(self.k_norm(k))
 
     def forward(
         self,
@@ -74,6 +90,8 @@ class Attention(nn.Module):
         q = q.view(-1, self.heads, self.head_dim)
         k = k.view(-1, self.kv_heads, self.head_dim)
         v = v.view(-1, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = RotaryEmbedding.apply(q, k, *cos_sin)
         write_kv(kv_cache[0], kv_cache[1], meta.slot_mapping, k, v)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
@@ -87,6 +105,8 @@ class Attention(nn.Module):
         from replica.triton_fused import rope_and_cache
 
         qkv = self.qkv_proj(x)
+        if self.qk_norm:
+            self._norm_heads_in_place(qkv)
         if fuses_rope_into_decode(meta, qkv.shape[0]):
             out = fused_rope_decode(qkv, positions, rope_table, kv_cache, meta, self.heads, self.scale)
             return project(self.o_proj, out.reshape(-1, self.q_size), k_slices, triton_o)
@@ -102,11 +122,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -119,13 +139,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, spec: ArchSpec) -> None:
         super().__init__()
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.self_attn = Attention(
-            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, spec, cfg.rms_norm_eps
         )
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, spec.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -140,9 +159,10 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg) -> None:
         super().__init__()
         self.config = cfg
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.spec = arch_spec(cfg)
+        self.head_dim = self.spec.head_dim
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.spec) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

@@ -1,30 +1,49 @@
-"""Turn a model name or path into a ready Llama module and its tokenizer, never touching a hub."""
+"""Turn a model name or path into a ready Llama-family module and its tokenizer, never touching a hub.
+
+A directory is a Hugging Face checkpoint of a supported architecture (replica/architectures.py):
+config.json, safetensors weights (one file, or shards with model.safetensors.index.json), its
+tokenizer files, and optionally generation_config.json. Weights load in the engine's dtype whatever
+their own (bf16, fp16 or float32).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
+from replica.architectures import arch_spec, architecture_of
+from replica.checkpoint import checkpoint_files
 from replica.embedded_model import cache_root, ensure_converted
-from replica.errors import UnknownModelError
+from replica.errors import CheckpointError, UnknownModelError
+from replica.generation_defaults import GenerationDefaults, eos_list, read_generation_defaults
 from replica.llama import LlamaForCausalLM
 from replica.presets import REAL_WEIGHTS, SHAPES
 from replica.weights import init_random, load_checkpoint
 
 log = logging.getLogger(__name__)
-SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2"}  # Llama-shaped decoders without biases we skip
 
 
 @dataclass
 class LoadedModel:
     model: LlamaForCausalLM
     tokenizer: PreTrainedTokenizerBase | None
-    config: LlamaConfig
+    config: LlamaConfig  # the checkpoint's transformers config (LlamaConfig, Qwen2Config, ...)
     source: str  # a directory, or "random:<preset>"
+    generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    eos_token_ids: tuple[int, ...] = ()  # config, generation config and tokenizer ends, sorted
+    max_model_len: int = 0  # the model's own limit: max_position_embeddings, capped at a sliding window
+    load_seconds: float = 0.0  # config to ready module, weights included
+
+    @property
+    def architecture(self) -> str:
+        return self.model.spec.architecture
 
 
 def model_dir_for(name: str) -> Path:
@@ -41,18 +60,51 @@ def model_dir_for(name: str) -> Path:
 def load_model(
     name: str, device: torch.device, dtype: torch.dtype, random_weights: bool, seed: int = 0
 ) -> LoadedModel:
-    if random_weights:
-        return _load_random(name, device, dtype, seed)
+    start = time.perf_counter()
+    loaded = _load_random(name, device, dtype, seed) if random_weights else _load_dir(name, device, dtype)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the copies are asynchronous: count them in
+    loaded.load_seconds = time.perf_counter() - start
+    log.info("loaded %s (%s, %s) in %.2f s", loaded.source, loaded.architecture, dtype, loaded.load_seconds)
+    return loaded
+
+
+def read_config(model_dir: Path):
+    """The directory's transformers config and ArchSpec, or an error naming config.json."""
+    path = model_dir / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: missing or not JSON ({exc})") from exc
+    try:  # before transformers, which knows other architectures (and fails on unknown ones its way)
+        architecture_of(SimpleNamespace(**raw) if isinstance(raw, dict) else None)
+        config = AutoConfig.from_pretrained(model_dir)
+        return config, arch_spec(config)
+    except UnknownModelError as exc:
+        raise type(exc)(f"{path}: {exc}") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: transformers cannot read it ({exc})") from exc
+
+
+def _load_dir(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     model_dir = model_dir_for(name)
-    config = AutoConfig.from_pretrained(model_dir)
-    if config.model_type not in SUPPORTED_ARCHITECTURES:
-        raise UnknownModelError(
-            f"{model_dir}: architecture {config.model_type!r} is not supported (Llama family)"
-        )
+    config, spec = read_config(model_dir)
+    checkpoint_files(model_dir)  # every shard present before any is read or memory is taken
+    generation = read_generation_defaults(model_dir)
     model = _build(config, device, dtype)
     load_checkpoint(model, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return LoadedModel(model.eval(), tokenizer, config, str(model_dir))
+    ends = _end_ids(config, generation, tokenizer)
+    return LoadedModel(model.eval(), tokenizer, config, str(model_dir), generation, ends, spec.max_positions)
+
+
+def _end_ids(config, generation: GenerationDefaults, tokenizer) -> tuple[int, ...]:
+    """Every id that ends a sequence: config.json's, the generation config's and the tokenizer's."""
+    ids = set(eos_list(getattr(config, "eos_token_id", None))) | set(generation.eos_token_ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    return tuple(sorted(ids))
 
 
 def _load_random(name: str, device: torch.device, dtype: torch.dtype, seed: int) -> LoadedModel:
@@ -61,7 +113,10 @@ def _load_random(name: str, device: torch.device, dtype: torch.dtype, seed: int)
     config = LlamaConfig(**SHAPES[name].to_config_dict())
     model = _build(config, device, dtype)
     init_random(model, seed)
-    return LoadedModel(model.eval(), _tokenizer_for_random(name), config, f"random:{name}")
+    tokenizer = _tokenizer_for_random(name)
+    ends = _end_ids(config, GenerationDefaults(), tokenizer)
+    source, limit = f"random:{name}", model.spec.max_positions
+    return LoadedModel(model.eval(), tokenizer, config, source, eos_token_ids=ends, max_model_len=limit)
 
 
 def _tokenizer_for_random(name: str) -> PreTrainedTokenizerBase | None:

@@ -23,8 +23,10 @@ import numpy as np
 import torch
 
 import replica.mixed_graphs as mixed
+from replica.architectures import check_cuda_head_dim
 from replica.attention_metadata import AttentionMetadata, DecodeKernelShape, PrefillChunk
 from replica.cuda_graphs import DecodeGraphs
+from replica.generation_defaults import MAX_EOS_IDS
 from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
 from replica.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS
@@ -37,7 +39,7 @@ from replica.varlen_prefill import flash_varlen_available
 
 KINDS = ("greedy", "sample", "logprobs")
 MIXED_KINDS = ("greedy", "sample")  # a mixed step with logprobs runs eagerly
-MAX_BAN_IDS = MAX_STOP_TOKEN_IDS + 16  # stop ids plus the model's EOS ids
+MAX_BAN_IDS = MAX_STOP_TOKEN_IDS + MAX_EOS_IDS  # stop ids plus the model's EOS ids
 
 
 class ModelRunner:
@@ -58,6 +60,8 @@ class ModelRunner:
         triton_gemms: tuple[str, ...] = (),
     ) -> None:
         cfg = model.config
+        if device.type == "cuda":
+            check_cuda_head_dim(model.head_dim)
         self.model = model
         self.device = device
         self.block_size = block_size

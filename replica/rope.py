@@ -6,6 +6,10 @@ import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+# Rope types with one table for every position. "dynamic" and "longrope" change their frequencies
+# with the sequence length in transformers; a fixed table would differ past the original context.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
 
 def rope_parameters(cfg) -> dict:
     """The rope settings of a config, in transformers' old and new forms."""

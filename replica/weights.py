@@ -1,18 +1,21 @@
-"""Fill our Llama module from Hugging Face checkpoint tensors, or with random values."""
+"""Fill our Llama module from Hugging Face checkpoint tensors, or with random values; and back.
+
+Our module fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj` (weights and, where the
+architecture has them, biases); every other name is Hugging Face's without the `model.` prefix.
+"""
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
+from replica.checkpoint import checkpoint_tensors
+from replica.errors import CheckpointError
 from replica.llama import LlamaForCausalLM
 
-# HF name -> (our name, index of the shard inside a fused matrix)
+# HF projection -> (our fused name, index of the shard inside it)
 _FUSED = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
@@ -20,45 +23,35 @@ _FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-_FUSED_NAME = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$")
-
-
-def checkpoint_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of a safetensors checkpoint (single file or sharded with an index)."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = [p.name for p in sorted(model_dir.glob("*.safetensors"))]
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
-    for name in files:
-        with safe_open(str(model_dir / name), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                yield key, f.get_tensor(key)
+_FUSED_NAME = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
+_SHARDS = {"qkv_proj": 3, "gate_up_proj": 2}
 
 
 def load_checkpoint(model: LlamaForCausalLM, model_dir: Path) -> None:
-    """Copy a checkpoint into `model`, fusing q/k/v and gate/up; every parameter must be written."""
+    """Copy a checkpoint into `model`; every parameter must be written, every tensor must fit one."""
     params = dict(model.named_parameters())
     written: set[str] = set()
-    for hf_name, tensor in checkpoint_tensors(model_dir):
+    for hf_name, tensor, path in checkpoint_tensors(model_dir):
         name = hf_name.removeprefix("model.")
-        if "rotary_emb" in name:
-            continue
+        if "rotary_emb" in name or (name == "lm_head.weight" and model.config.tie_word_embeddings):
+            continue  # rope tables are computed; a tied head is the embedding (some writers save both)
         match = _FUSED_NAME.search(name)
+        shard = None
         if match:
             fused, shard = _FUSED[match.group(1)]
-            name = name[: match.start()] + f".{fused}.weight"
-            _copy_shard(params[name], tensor, shard, model, fused)
-            written.add(f"{name}#{shard}")
-            continue
+            name = f"{name[: match.start()]}.{fused}.{match.group(2)}"
         if name not in params:
-            raise KeyError(f"checkpoint tensor {hf_name} has no place in the model")
+            raise CheckpointError(f"{path}: tensor {hf_name} has no place in {model.spec.architecture}")
+        target = _target(model, params[name], name, shard)
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{path}: tensor {hf_name} has shape {tuple(tensor.shape)}, the config asks for "
+                f"{tuple(target.shape)}"
+            )
         with torch.no_grad():
-            params[name].copy_(tensor)
-        written.add(name)
-    _check_complete(model, written)
+            target.copy_(tensor)
+        written.add(name if shard is None else f"{name}#{shard}")
+    _check_complete(model, written, model_dir)
 
 
 def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
@@ -70,24 +63,51 @@ def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
     return [q, kv, kv]
 
 
-def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: int, model: LlamaForCausalLM, fused: str):
-    sizes = _shard_sizes(model, fused)
+def _target(model: LlamaForCausalLM, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
+    """The parameter, or the rows of a fused parameter that one HF tensor fills."""
+    if shard is None:
+        return param
+    sizes = _shard_sizes(model, name.split(".")[-2])
     start = sum(sizes[:shard])
-    with torch.no_grad():
-        param[start : start + sizes[shard]].copy_(tensor)
+    return param[start : start + sizes[shard]]
 
 
-def _check_complete(model: LlamaForCausalLM, written: set[str]) -> None:
+def _check_complete(model: LlamaForCausalLM, written: set[str], model_dir: Path) -> None:
+    """Every parameter (each shard of a fused one) was written; the error names HF's tensors."""
     missing = []
     for name, _ in model.named_parameters():
-        if name.endswith(("qkv_proj.weight", "gate_up_proj.weight")):
-            shards = 3 if "qkv" in name else 2
-            if any(f"{name}#{i}" not in written for i in range(shards)):
-                missing.append(name)
-        elif name not in written:
-            missing.append(name)
+        parts = name.split(".")
+        if parts[-2] not in _SHARDS:
+            if name not in written:
+                missing.append(name if name.startswith("lm_head") else f"model.{name}")
+            continue
+        hf_parts = [p for p, (fused, _) in _FUSED.items() if fused == parts[-2]]
+        base = ".".join(parts[:-2])
+        for shard, part in enumerate(hf_parts):
+            if f"{name}#{shard}" not in written:
+                missing.append(f"model.{base}.{part}.{parts[-1]}")
     if missing:
-        raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        shown = ", ".join(missing[:4])
+        raise CheckpointError(f"{model_dir}: the checkpoint lacks {len(missing)} tensors: {shown}")
+
+
+def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """Our parameters under Hugging Face's names, fused matrices split (views, no copies)."""
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        parts = name.split(".")
+        fused = parts[-2] if len(parts) >= 2 else ""
+        if fused in _SHARDS:
+            base = ".".join(parts[:-2])
+            hf_parts = [p for p, (f, _) in _FUSED.items() if f == fused]
+            for part, chunk in zip(hf_parts, tensor.split(_shard_sizes(model, fused)), strict=True):
+                state[f"model.{base}.{part}.{parts[-1]}"] = chunk
+        elif name.startswith("lm_head"):
+            if not model.config.tie_word_embeddings:
+                state[name] = tensor
+        else:
+            state[f"model.{name}"] = tensor
+    return state
 
 
 # Output and embedding matrices get a larger scale, so logits spread like a trained model's and
@@ -101,7 +121,7 @@ def init_random(model: LlamaForCausalLM, seed: int) -> None:
     std = getattr(model.config, "initializer_range", 0.02)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("layernorm.weight") or name == "norm.weight":
+            if name.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight")) or name == "norm.weight":
                 param.fill_(1.0)
             elif name in ("embed_tokens.weight", "lm_head.weight"):
                 param.normal_(0.0, OUTPUT_STD, generator=generator)
