@@ -108,7 +108,7 @@ class EngineAloneRun:
 async def run_engine_alone(app: AppConfig, scenario: Scenario) -> RunResult:
     if any(t.rate is not None for t in scenario.tenants):
         raise ValueError("the engine-alone run takes closed-loop tenants (concurrency) only")
-    engine = Engine(EngineConfig(**engine_kwargs(app)))
+    engine = Engine(EngineConfig(**engine_kwargs(app.engine)))
     await engine.start()
     try:
         if app.engine.synthetic_tokenizer:

@@ -17,7 +17,8 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
 from cluster.config import AppConfig, load_app_config
-from cluster.edge.ingress import REPLICA_DEPLOYMENT, ROUTER_DEPLOYMENT, Ingress
+from cluster.edge.ingress import ROUTER_DEPLOYMENT, Ingress
+from cluster.model_settings import EngineSettings, ModelSettings
 from cluster.routing.kv_router import KVAwareRouter
 from cluster.serving.replica_deployment import ReplicaServer
 
@@ -27,23 +28,25 @@ ROUTING_STATS_PERIOD_S = 0.5
 SHUTDOWN_WAIT_LOOP_S = 0.5
 
 
-def replica_gpus(config: AppConfig) -> float:
+def replica_gpus(model: ModelSettings) -> float:
     """1 GPU per replica when CUDA is present (checked on the driver), else 0, unless configured."""
-    if config.replica_num_gpus is not None:
-        return config.replica_num_gpus
-    if config.engine.device == "cpu":
+    if model.replica_num_gpus is not None:
+        return model.replica_num_gpus
+    if model.engine.device == "cpu":
         return 0.0
     import torch
 
     return 1.0 if torch.cuda.is_available() else 0.0
 
 
-def replica_options(config: AppConfig) -> dict[str, Any]:
-    """Serve options of the replica deployment: resources, scaling and the KV-aware router."""
+def replica_options(config: AppConfig, model: ModelSettings | None = None) -> dict[str, Any]:
+    """Serve options of one model's replica deployment (None: the first model's): resources,
+    scaling and the KV-aware router."""
+    model = model or config.served_models[0]
     opts: dict[str, Any] = {
-        "name": REPLICA_DEPLOYMENT,
-        "ray_actor_options": {"num_cpus": config.replica_num_cpus, "num_gpus": replica_gpus(config)},
-        "max_ongoing_requests": config.replica_max_ongoing,
+        "name": config.deployments[model.name],
+        "ray_actor_options": {"num_cpus": model.replica_num_cpus, "num_gpus": replica_gpus(model)},
+        "max_ongoing_requests": model.replica_max_ongoing,
         "request_router_config": RequestRouterConfig(
             request_router_class=KVAwareRouter,
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
@@ -53,9 +56,9 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
         **graceful_shutdown(config),
         "logging_config": serve_logging(config),
     }
-    a = config.autoscaling
+    a = model.autoscaling
     if a is None:
-        opts["num_replicas"] = config.num_replicas
+        opts["num_replicas"] = model.num_replicas
     else:
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=a.min_replicas,
@@ -97,9 +100,9 @@ def router_options(config: AppConfig) -> dict[str, Any]:
     }
 
 
-def engine_kwargs(config: AppConfig) -> dict[str, Any]:
+def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
     """``replica.EngineConfig`` keyword arguments from the engine settings."""
-    e = config.engine
+    e = engine
     return {
         "model": e.model,
         "device": e.device,
@@ -113,20 +116,31 @@ def engine_kwargs(config: AppConfig) -> dict[str, Any]:
 
 
 def compose(config: AppConfig, replicas: serve.Application | None = None) -> serve.Application:
-    """The bound application: the ingress (routers) holding a handle to the replicas.
+    """The bound application: the ingress (routers) holding a handle to each model's replicas.
 
     ``replicas``: another bound replica deployment with ``ReplicaServer``'s methods (the router
-    benchmark's paced stand-in); None = the engine replicas of ``config``.
+    benchmark's paced stand-in) for a one-model config; None = the engine replicas of ``config``.
     """
     # A new id per deployment: the routers of this one share their tenancy version, and a reload made
     # on an earlier deployment of the app does not reach it (cluster/routing/tenancy_board.py); its replicas
     # publish their loads under it (cluster/serving/replica_board.py).
     generation = uuid.uuid4().hex[:12]
-    if replicas is None:
-        replicas = serve.deployment(ReplicaServer, **replica_options(config)).bind(
-            engine_kwargs(config), config.engine.synthetic_tokenizer, generation
-        )
-    return serve.deployment(Ingress, **router_options(config)).bind(replicas, config.model_dump(), generation)
+    if replicas is not None:
+        if len(config.served_models) != 1:
+            raise ValueError("a stand-in replica deployment serves a one-model config only")
+        pools = {config.served_model_name: replicas}
+    else:
+        pools = {m.name: replica_pool(config, m, generation) for m in config.served_models}
+    # Serve finds the bound deployments inside the dict and hands the router a handle for each.
+    return serve.deployment(Ingress, **router_options(config)).bind(pools, config.model_dump(), generation)
+
+
+def replica_pool(config: AppConfig, model: ModelSettings, generation: str) -> serve.Application:
+    """One model's replica deployment, bound to its engine settings."""
+    engine = model.engine
+    return serve.deployment(ReplicaServer, **replica_options(config, model)).bind(
+        engine_kwargs(engine), engine.synthetic_tokenizer, generation, model.name
+    )
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cluster.model_settings import (
+    AutoscalingSettings,
+    EngineSettings,
+    ModelSettings,
+    check_unique,
+    deployment_names,
+    inherit_entries,
+)
 
 # The longest answer a replica may be asked for when ``engine.max_model_len`` is None: the engine's
 # own context cap (``replica.engine.MAX_CONTEXT_CAP``; not imported: that would load torch here).
@@ -14,68 +23,29 @@ ENGINE_CONTEXT_CAP = 8192
 # The slowest decode, per stream, that a replica's stop still waits out: below 10 tokens/s even the
 # interactive class's TPOT target (0.1 s) is missed. A slower (CPU) replica needs a larger bound.
 SLOWEST_DECODE_TOKENS_PER_S = 10.0
+__all__ = ["AppConfig", "AutoscalingSettings", "EngineSettings", "ModelSettings", "load_app_config"]
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class EngineSettings(_Frozen):
-    """What each replica's engine is built with (see ``replica.EngineConfig``)."""
-
-    model: str = Field(
-        default="smollm2-135m", description="Preset name or local Hugging Face model directory."
-    )
-    device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu' or 'cuda'.")
-    mode: Literal["async", "sync"] = Field(
-        default="async", description="Engine step loop: overlapped or not."
-    )
-    random_weights: bool = Field(
-        default=False, description="Random weights of the preset's shape (benchmarks)."
-    )
-    synthetic_tokenizer: bool = Field(
-        default=False,
-        description="Generated word-level tokenizer of the preset's vocabulary (random-weight benchmarks).",
-    )
-    kv_cache_tokens: int = Field(default=16384, gt=0, description="KV cache size in tokens on CPU.")
-    max_num_seqs: int = Field(default=32, gt=0, description="Sequences batched together per step, at most.")
-    max_num_batched_tokens: int = Field(default=512, gt=0, description="Tokens per step (prefill chunking).")
-    max_model_len: int | None = Field(default=None, gt=1, description="Context cap; None = the model's own.")
-
-
-class AutoscalingSettings(_Frozen):
-    """Serve autoscaling of the replica deployment; ``target_ongoing_requests`` should be below the room."""
-
-    min_replicas: int = Field(default=1, ge=1, description="Replicas kept when idle.")
-    max_replicas: int = Field(default=2, ge=1, description="Replicas at most.")
-    initial_replicas: int | None = Field(
-        default=None,
-        ge=1,
-        description="Replicas started with the app (warm for expected load); None = min_replicas.",
-    )
-    target_ongoing_requests: float = Field(
-        default=2.0, gt=0, description="Ongoing requests per replica aimed at."
-    )
-    upscale_delay_s: float = Field(
-        default=2.0, ge=0, description="Load must last this long before scaling up."
-    )
-    downscale_delay_s: float = Field(default=10.0, ge=0, description="Idle time before scaling down.")
-    metrics_interval_s: float = Field(default=0.5, gt=0, description="How often replicas report their load.")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> AutoscalingSettings:
-        if self.max_replicas < self.min_replicas:
-            raise ValueError("max_replicas must be >= min_replicas")
-        initial = self.initial_replicas
-        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
-            raise ValueError("initial_replicas must lie between min_replicas and max_replicas")
-        return self
-
-
 class AppConfig(_Frozen):
     """The whole Serve application: engine, replicas, routers, tenancy, queue bounds and HTTP."""
 
-    engine: EngineSettings = Field(default_factory=EngineSettings, description="Replica engine settings.")
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings,
+        description="Replica engine settings (with `models`: what the entries share, field by field).",
+    )
+    models: tuple[ModelSettings, ...] = Field(
+        default=(),
+        description=(
+            "Several served models, each with its own replica deployment, fair queue and quotas; an "
+            "entry takes what it does not give from the top-level engine, num_replicas/autoscaling, "
+            "replica_num_cpus, replica_num_gpus and replica_room. Empty: one model, "
+            "served_model_name, built from the top-level fields."
+        ),
+    )
     num_replicas: int = Field(default=1, ge=1, description="Fixed replica count (ignored with autoscaling).")
     autoscaling: AutoscalingSettings | None = Field(
         default=None, description="Autoscale the replicas instead of a fixed count."
@@ -183,7 +153,52 @@ class AppConfig(_Frozen):
     timing_history: int = Field(default=50_000, gt=0, description="Request timing records kept per router.")
     host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")
     port: int = Field(default=8000, gt=0, lt=65536, description="HTTP port of the Serve proxy.")
-    served_model_name: str = Field(default="smollm2-135m", min_length=1, description="Model name in the API.")
+    served_model_name: str = Field(
+        default="smollm2-135m",
+        min_length=1,
+        description="Model name in the API of the one-model form; with `models`, the first entry's name.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _complete_models(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("models"):
+            return data
+        data = inherit_entries(data)
+        names = [m.get("name") if isinstance(m, dict) else getattr(m, "name", None) for m in data["models"]]
+        # served_model_name names the first model unless given (then it must name one of them).
+        data.setdefault("served_model_name", names[0])
+        if data["served_model_name"] not in names:
+            raise ValueError(f"served_model_name: {data['served_model_name']!r} is not one of the models")
+        return data
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> AppConfig:
+        check_unique(self.served_models)
+        return self
+
+    @property
+    def served_models(self) -> tuple[ModelSettings, ...]:
+        """Every served model, resolved: the ``models`` list, or the one model of the top-level fields."""
+        if self.models:
+            return self.models
+        # Constructed, not validated: the fields were validated here, and the single form's name keeps
+        # the wider rule it always had (it never enters a Redis key: one model needs no namespace).
+        single = ModelSettings.model_construct(
+            name=self.served_model_name,
+            engine=self.engine,
+            num_replicas=self.num_replicas,
+            autoscaling=self.autoscaling,
+            replica_num_cpus=self.replica_num_cpus,
+            replica_num_gpus=self.replica_num_gpus,
+            replica_room=self.replica_room,
+        )
+        return (single,)
+
+    @property
+    def deployments(self) -> dict[str, str]:
+        """Served model name -> its replica deployment's name."""
+        return deployment_names(self.served_models)
 
     @property
     def min_replicas(self) -> int:
@@ -205,7 +220,7 @@ class AppConfig(_Frozen):
         """
         if self.replica_graceful_shutdown_s is not None:
             return self.replica_graceful_shutdown_s
-        longest = self.engine.max_model_len or ENGINE_CONTEXT_CAP
+        longest = max(m.engine.max_model_len or ENGINE_CONTEXT_CAP for m in self.served_models)
         return self.first_token_timeout_s + longest / SLOWEST_DECODE_TOKENS_PER_S
 
     @property

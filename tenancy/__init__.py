@@ -2,7 +2,7 @@
 
 from tenancy.admission import QuotaManager
 from tenancy.auth import Authenticator, parse_bearer
-from tenancy.config import FairShareSettings, Quotas, SLAClass, TenancyConfig, Tenant
+from tenancy.config import FairShareSettings, ModelQuotas, Quotas, SLAClass, TenancyConfig, Tenant
 from tenancy.errors import (
     AuthenticationError,
     InvalidQueueItem,
@@ -46,6 +46,7 @@ __all__ = [
     "Lease",
     "LimitSpec",
     "MemoryQuotaStore",
+    "ModelQuotas",
     "QueueFull",
     "QueuedRequest",
     "QuotaExceeded",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from tenancy.errors import UnknownTenantError
+from tenancy.errors import TenancyConfigError, UnknownTenantError
 from tenancy.keys import KEY_HASH_PATTERN, LEGACY_PREFIX, MIN_SALT_LENGTH, check_salt, is_key_hash
 
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -60,8 +60,34 @@ class Quotas(_Frozen):
         return self
 
 
+class ModelQuotas(_Frozen):
+    """A tenant's limits on one model where they differ from its ``quotas``; unset fields keep those."""
+
+    model: str = Field(
+        min_length=1, description="The served model (a request's `model`) these limits are for."
+    )
+    requests_per_minute: int | None = Field(
+        default=None, gt=0, description="Requests per minute on the model."
+    )
+    tokens_per_minute: int | None = Field(default=None, gt=0, description="Tokens per minute on the model.")
+    max_concurrent_requests: int | None = Field(
+        default=None, gt=0, description="Requests in flight on the model, at most."
+    )
+    max_tokens_per_request: int | None = Field(
+        default=None, gt=0, description="Largest max_tokens on the model."
+    )
+    max_context_length: int | None = Field(
+        default=None, gt=0, description="Largest prompt + max_tokens on the model."
+    )
+    daily_token_budget: int | None = Field(default=None, gt=0, description="Tokens per UTC day on the model.")
+
+    def apply_to(self, quotas: Quotas) -> Quotas:
+        given = self.model_dump(exclude_none=True, exclude={"model"})
+        return Quotas.model_validate(quotas.model_dump() | given)
+
+
 class Tenant(_Frozen):
-    """One tenant: identity, API keys (hashed), fair-share weight, SLA class and quotas."""
+    """One tenant: identity, API keys (hashed), fair-share weight, SLA class, quotas and models."""
 
     id: str = Field(pattern=TENANT_ID_PATTERN, description="Stable tenant id (letters, digits, _ . -).")
     display_name: str = Field(min_length=1, max_length=200, description="Human-readable name.")
@@ -74,6 +100,38 @@ class Tenant(_Frozen):
     cost_per_million_tokens: float | None = Field(
         default=None, ge=0, description="Price billed per million tokens (USD), if the tenant is billed."
     )
+    models: tuple[str, ...] | None = Field(
+        default=None,
+        description="Served models (the requests' `model`) this tenant may use; None = every model.",
+    )
+    model_quotas: tuple[ModelQuotas, ...] = Field(
+        default=(),
+        description="Per model, the limits that differ from `quotas` there. Quotas are counted per "
+        "model either way: a tenant's use of one model takes nothing from its limits on another.",
+    )
+
+    @model_validator(mode="after")
+    def _model_quotas_valid(self) -> Tenant:
+        seen: set[str] = set()
+        for i, entry in enumerate(self.model_quotas):
+            if entry.model in seen:
+                raise ValueError(f"model_quotas.{i}.model: duplicate model {entry.model!r}")
+            seen.add(entry.model)
+            try:
+                entry.apply_to(self.quotas)
+            except ValueError as exc:
+                raise ValueError(f"model_quotas.{i}: {exc}") from None
+        return self
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def on_model(self, model: str) -> Tenant:
+        """This tenant with the quotas it has on ``model``."""
+        for entry in self.model_quotas:
+            if entry.model == model:
+                return self.model_copy(update={"quotas": entry.apply_to(self.quotas)})
+        return self
 
 
 class SLAClass(_Frozen):
@@ -157,6 +215,30 @@ class TenancyConfig(_Frozen):
 
     def sla_class_of(self, tenant_id: str) -> SLAClass:
         return self.classes_by_name[self.tenant(tenant_id).sla_class]
+
+    def for_model(self, model: str) -> TenancyConfig:
+        """The config as one model's pool enforces it: each tenant with its quotas on ``model``."""
+        if not any(q.model == model for t in self.tenants for q in t.model_quotas):
+            return self
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return TenancyConfig.model_validate(fields | {"tenants": [t.on_model(model) for t in self.tenants]})
+
+    def check_models(self, served: Iterable[str]) -> None:
+        """Every model a tenant names (``models``, ``model_quotas``) is served; ``TenancyConfigError``
+        lists those that are not (a typo would otherwise lock a tenant out of its model quietly)."""
+        known = set(served)
+        problems = []
+        for i, tenant in enumerate(self.tenants):
+            quota_models = [q.model for q in tenant.model_quotas]
+            for field, names in (("models", tenant.models or ()), ("model_quotas", quota_models)):
+                problems += [
+                    f"tenants.{i}.{field}: {n!r} is not a served model" for n in names if n not in known
+                ]
+        if problems:
+            raise TenancyConfigError(
+                f"tenancy config names models this app does not serve ({', '.join(sorted(known))})",
+                tuple(problems),
+            )
 
 
 def _unique(values: list[str], where: str, what: str) -> None:

@@ -18,6 +18,7 @@ from cluster.drain import RouterDrain
 from cluster.edge import api_docs
 from cluster.edge.body_limit import BodyLimit
 from cluster.edge.job_builder import JobBuilder
+from cluster.edge.model_jobs import job_builders
 from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.responses import (
     ChoiceState,
@@ -27,19 +28,19 @@ from cluster.edge.responses import (
     guarded,
     sse_stream,
 )
+from cluster.edge.router_state import health, models_state, totals
 from cluster.edge.tenant_views import check_own, sla_report, usage
 from cluster.errors import Draining, Forbidden, error_response
-from cluster.routing.replica_monitor import ReplicaMonitor, running_replicas
+from cluster.routing.model_pool import ModelPool
+from cluster.routing.replica_monitor import MonitorLoop, ReplicaMonitor, running_replicas
 from cluster.routing.request_flow import ActiveRequest
 from cluster.routing.router_core import RouterCore
 from cluster.routing.tenancy_sync import Deployment, TenancySync
 from cluster.serving import replica_board
 from cluster.telemetry.process_memory import rss_bytes
 from cluster.telemetry.status_metrics import StatusMetrics
-from cluster.text.prompts import PromptEncoder
 from tenancy import Tenant, parse_bearer
 
-REPLICA_DEPLOYMENT = "Replica"
 ROUTER_DEPLOYMENT = "Router"
 log = logging.getLogger(__name__)
 api = FastAPI(title="fairlane", docs_url=None, redoc_url=None)
@@ -59,15 +60,21 @@ async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
     return error_response(exc)
 
 
+def _card(model: str) -> dict[str, Any]:
+    """An OpenAI model object."""
+    return {"id": model, "object": "model", "created": 0, "owned_by": "fairlane"}
+
+
 # Above the class: serve.ingress serializes the routes (and the globals they use) as it decorates.
 @serve.ingress(api)
 class Ingress:
     """One router: authenticates, admits, queues fairly, dispatches and streams."""
 
     async def __init__(
-        self, replicas: DeploymentHandle, config: dict[str, Any], generation: str = ""
+        self, replicas: dict[str, DeploymentHandle], config: dict[str, Any], generation: str = ""
     ) -> None:
-        """``generation``: the id of this deployment of the app (``cluster.app.compose``)."""
+        """``replicas``: each served model's replica deployment; ``generation``: the id of this
+        deployment of the app (``cluster.app.compose``)."""
         self.cfg = AppConfig.model_validate(config)
         api.state.max_body_bytes = self.cfg.max_body_bytes
         self.replicas = replicas
@@ -77,20 +84,14 @@ class Ingress:
         self.tenancy_sync = self._tenancy_sync(ctx.app_name, generation)
         self.core = RouterCore(self.cfg, replicas, (await self.tenancy_sync.initial()).config)
         api.state.http_errors = self.core.metrics.http_errors
-        encoder = PromptEncoder.for_model(
-            self.cfg.engine.model, self.cfg.engine.random_weights, self.cfg.engine.synthetic_tokenizer
-        )
-        self.jobs = JobBuilder(self.cfg, encoder, self._max_model_len)
+        self.jobs = job_builders(self.cfg, replicas)
         self.core.metrics.router_info.labels(self.router_id).set(1)
-        self.drain = RouterDrain(ctx.app_name, self.router_id, self._held)
-        self.monitor = ReplicaMonitor(
-            replicas,
-            self.core.dispatcher,
-            self.core.metrics,
+        self.drain = RouterDrain(ctx.app_name, self.router_id, lambda: self.core.held)
+        self.monitor = MonitorLoop(
+            [self._replica_monitor(ctx.app_name, pool) for pool in self.core.pools.values()],
             self.core.recorder,
             self.cfg.load_poll_interval_s,
-            lambda: running_replicas(ctx.app_name, REPLICA_DEPLOYMENT),
-            hooks=(self.drain.poll, self._probe_store, self.core.share_counters, self.tenancy_sync.poll),
+            hooks=(self.drain.poll, self.core.probe_stores, self.core.share_counters, self.tenancy_sync.poll),
         )
         self.monitor.start()
 
@@ -112,30 +113,35 @@ class Ingress:
 
     @api.get("/v1/models", responses=api_docs.TENANT)
     async def models(self, request: Request) -> Response:
+        """The models the caller's key may use, and no other."""
         try:
-            self._tenant(request)
+            tenant = self._tenant(request)
         except Exception as exc:
             return error_response(exc)
-        card = {"id": self.cfg.served_model_name, "object": "model", "created": 0, "owned_by": "fairlane"}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [_card(m) for m in self.core.models_of(tenant)]})
+
+    @api.get("/v1/models/{model:path}", responses=api_docs.TENANT)
+    async def model(self, model: str, request: Request) -> Response:
+        try:
+            self.core.pool_for(self._tenant(request), model)
+        except Exception as exc:
+            return error_response(exc)
+        return JSONResponse(_card(model))
 
     # ---- operations ---------------------------------------------------------------------------
     @api.get("/health", responses=api_docs.HEALTH)
     async def health(self) -> Response:
-        degraded = self.core.tenancy.quotas.degraded
-        if self.drain.draining:
-            status = "draining"
-        elif self.monitor.replicas <= 0:
-            status = "no_replicas"
-        else:
-            status = "degraded" if degraded else "ok"  # degraded: serving on local quota limits
+        degraded = self.core.degraded
+        replicas = {m.model: m.replicas for m in self.monitor.monitors}
+        status, code = health(replicas, self.drain.draining, degraded)
         body = {
             "status": status,
             "router": self.router_id,
             "replicas": self.monitor.replicas,
+            "models": replicas,
             "quota_store_degraded": degraded,
         }
-        return JSONResponse(body, status_code=200 if status in ("ok", "degraded") else 503)
+        return JSONResponse(body, status_code=code)
 
     @api.get("/metrics", responses=api_docs.METRICS)
     async def metrics(self, request: Request) -> Response:
@@ -206,15 +212,17 @@ class Ingress:
             if self.drain.draining:  # counted like any refusal: sent = completed + rejected + ...
                 self.core.metrics.observe_rejection(tenant.id, tenant.sla_class, "draining")
                 raise Draining(int(self.cfg.drain_timeout_s) or 1)
-            job = await self.jobs.build(request_id, tenant, body)
+            pool = self.core.pool_for(tenant, body.model)  # 404 before any quota is taken
+            jobs = self.jobs[pool.name]
+            job = await jobs.build(request_id, pool.tenant(tenant), body)
             if self.cfg.log_request_text:  # operators only: text stays out of logs by default
                 log.info("request %s tenant %s prompt %r", request_id, tenant.id, body.model_dump())
-            active = await self.core.runner.open(job)
+            active = await pool.runner.open(job)
         except Exception as exc:
             return error_response(exc)
-        meta = self._response_meta(kind, request_id, body, active.job.prompt_ids)
+        meta = self._response_meta(kind, request_id, body, active.job.prompt_ids, jobs)
         headers = dict(active.lease.headers) if active.lease else {}
-        token_text = self.jobs.encoder.token_text
+        token_text = jobs.encoder.token_text
         if body.stream:
             outputs = active.outputs()
             stream = guarded(sse_stream(meta, outputs, body.include_usage, token_text, body.n))
@@ -224,22 +232,24 @@ class Ingress:
                 media_type="text/event-stream",
                 headers=headers,
             )
-        return await self._collect(meta, active, headers, body.n)
+        return await self._collect(meta, active, headers, body.n, jobs)
 
-    def _response_meta(self, kind: str, request_id: str, body, prompt_ids: list[int]) -> ResponseMeta:
+    def _response_meta(
+        self, kind: str, request_id: str, body, prompt_ids: list[int], jobs: JobBuilder
+    ) -> ResponseMeta:
         logprobs = body.logprob_count() if kind == "chat" else body.logprobs
         echo = None
         if kind == "completion" and body.echo:
             prompt = body.single_prompt()
-            text = prompt if isinstance(prompt, str) else self.jobs.encoder.decode(prompt)
+            text = prompt if isinstance(prompt, str) else jobs.encoder.decode(prompt)
             echo = (text, tuple(prompt_ids))
-        model = self.cfg.served_model_name
+        model = body.model  # the served name the request was routed by
         return ResponseMeta.new(kind, request_id, model, logprobs=logprobs, echo=echo)  # type: ignore[arg-type]
 
     async def _collect(
-        self, meta: ResponseMeta, active: ActiveRequest, headers: dict[str, str], n: int
+        self, meta: ResponseMeta, active: ActiveRequest, headers: dict[str, str], n: int, jobs: JobBuilder
     ) -> Response:
-        choices = [ChoiceState(i, meta, self.jobs.encoder.token_text) for i in range(n)]
+        choices = [ChoiceState(i, meta, jobs.encoder.token_text) for i in range(n)]
         last: dict[str, Any] = {}
         try:
             async for item in active.outputs():
@@ -252,19 +262,15 @@ class Ingress:
         prompt_tokens, output_tokens = last.get("num_prompt_tokens", 0), last.get("total_output_tokens", 0)
         return JSONResponse(full_body(meta, choices, prompt_tokens, output_tokens), headers=headers)
 
-    async def _max_model_len(self) -> int:
-        info = await self.replicas.info.remote()
-        return int(info["max_model_len"])
-
-    def _held(self) -> int:
-        """Requests this router still owes an ending: waiting in the fair queue or in flight."""
-        return self.core.dispatcher.in_flight + len(self.core.dispatcher.queue)
-
-    async def _probe_store(self) -> None:
-        """Reconnect to Redis from the monitor loop too, so an idle router leaves degraded mode."""
-        store = self.core.tenancy.quotas.store
-        if store.degraded and hasattr(store, "probe"):
-            await store.probe()
+    def _replica_monitor(self, app: str, pool: ModelPool) -> ReplicaMonitor:
+        return ReplicaMonitor(
+            self.replicas[pool.name],
+            pool.dispatcher,
+            self.core.metrics,
+            self.cfg.load_poll_interval_s,
+            lambda: running_replicas(app, pool.deployment),
+            model=pool.name,
+        )
 
     def _tenant(self, request: Request) -> Tenant:
         key = parse_bearer(request.headers.get("authorization"))
@@ -292,24 +298,14 @@ class Ingress:
         )
 
     def _state(self) -> dict:
-        d = self.core.dispatcher
-        store = self.core.store
-        leases = {}
-        if hasattr(store, "active_leases"):
-            leases = {t.id: store.active_leases(t.id) for t in self.core.tenancy.config.tenants}
-        return {
-            "in_flight": d.in_flight,
-            "capacity": d.capacity,
-            "queued": len(d.queue),
-            "replicas": self.monitor.replicas,
-            "active_leases": leases,
+        models = models_state(self.core.pools, self.monitor)
+        return totals(models) | {
+            "models": models,
             "loads": self.monitor.loads,  # by the monitor's polls, one replica per poll
             "replica_loads": replica_board.fresh_loads(self.generation) if self.generation else {},
             "router": self.router_id,
             "tenancy_version": self.tenancy_sync.version,
             "draining": self.drain.draining,
-            "quota_store_degraded": self.core.tenancy.quotas.degraded,
-            "waiters": self.core.dispatcher.waiters,
-            "tracked_ids": self.core.dispatcher.tracked_ids,
+            "quota_store_degraded": self.core.degraded,
             "rss_bytes": rss_bytes(),
         }

@@ -28,7 +28,9 @@ def sla_report(recorder: TimingRecorder, config: TenancyConfig, tenant_id: str |
     """The SLA report over this router's records, of one tenant (or all, for the admin)."""
     records = [r for r in recorder.records() if tenant_id is None or r.tenant_id == tenant_id]
     window = time.monotonic() - recorder.started
-    return build_report(records, config, window, recorder.replica_seconds).to_dict()
+    # A tenant's report holds only its own records: a model's cost is the admin's view alone.
+    seconds = recorder.model_replica_seconds if tenant_id is None else None
+    return build_report(records, config, window, recorder.replica_seconds, seconds).to_dict()
 
 
 def usage(records: list[RequestTiming], tenant_id: str) -> dict:

@@ -1,6 +1,6 @@
-"""Periodic view of the replica deployment: how many replicas run, their load and profile.
+"""Periodic view of each model's replica deployment: how many replicas run, their load and profile.
 
-The replica count sets the dispatcher's room (autoscaling changes it) and integrates the
+The replica count sets that model's dispatcher room (autoscaling changes it) and integrates the
 replica-seconds that the SLA report prices. Load and profile polls go through the deployment
 handle, so each poll reaches one replica chosen by the request router; over a few polls every
 replica reports. Every call has a timeout; a failed poll keeps the previous view.
@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -37,28 +37,84 @@ def running_replicas(app_name: str, deployment: str) -> int | None:
 
 
 class ReplicaMonitor:
-    """Polls replica count, load and profile; feeds the dispatcher, metrics and the cost clock."""
+    """Polls one model's replica count, load and profile; feeds its dispatcher and the metrics."""
 
     def __init__(
         self,
         handle: DeploymentHandle,
         dispatcher: Dispatcher,
         metrics: ClusterMetrics,
-        recorder: TimingRecorder,
         interval_s: float,
         count: Callable[[], int | None],
-        hooks: tuple[Callable[[], Awaitable[None]], ...] = (),
+        model: str = "",
     ) -> None:
         self._handle = handle
         self._dispatcher = dispatcher
         self._metrics = metrics
-        self._recorder = recorder
         self._interval = interval_s
         self._count = count
-        self._hooks = hooks  # per-poll duties of the router (drain flag, Redis reconnect probe)
+        self.model = model
         self.replicas = 0
         self.loads: dict[str, dict] = {}
+
+    async def poll_once(self, profile: bool = False) -> None:
+        try:
+            count = await asyncio.wait_for(asyncio.to_thread(self._count), self._interval * 5)
+        except Exception as exc:  # the controller is busy or restarting: keep the previous count
+            log.warning("replica count poll failed (%s): %s", self.model, exc)
+            count = None
+        if count is not None:
+            self.replicas = count
+            self._dispatcher.set_replicas(count)
+            self._metrics.replicas.labels(self.model).set(count)
+        if self.replicas > 0:
+            await self._poll_load(profile)
+        d = self._dispatcher
+        self._metrics.in_flight.labels(self.model).set(d.in_flight)
+        self._metrics.room.labels(self.model).set(d.capacity)
+
+    async def _poll_load(self, profile: bool) -> None:
+        try:
+            load = await asyncio.wait_for(self._handle.load.remote(), self._interval * 2)
+            now = time.monotonic()
+            self.loads[load["replica_id"]] = load | {"model": self.model, "polled_at": now}
+            # A replaced replica stops answering: its last load goes, so the map holds live ones only.
+            stale = now - STALE_POLLS * self._interval
+            self.loads = {rid: v for rid, v in self.loads.items() if v["polled_at"] >= stale}
+            self._metrics.observe_load(load, self.model)
+            if profile:
+                summary = await asyncio.wait_for(self._handle.profile.remote(), self._interval * 2)
+                self._metrics.observe_profile(summary, self.model)
+        except Exception as exc:  # a replica being replaced; the next poll tries again
+            log.debug("replica load poll failed (%s): %s", self.model, exc)
+
+
+class MonitorLoop:
+    """The router's periodic duties: every model's replica poll, the replica-seconds clock, then the
+    router-wide hooks (drain flag, Redis reconnect probes, counter sharing, tenancy version)."""
+
+    def __init__(
+        self,
+        monitors: Sequence[ReplicaMonitor],
+        recorder: TimingRecorder,
+        interval_s: float,
+        hooks: tuple[Callable[[], Awaitable[None]], ...] = (),
+    ) -> None:
+        self.monitors = tuple(monitors)
+        self._recorder = recorder
+        self._interval = interval_s
+        self._hooks = hooks
         self._task: asyncio.Task | None = None
+
+    @property
+    def replicas(self) -> int:
+        """Running replicas over every model."""
+        return sum(m.replicas for m in self.monitors)
+
+    @property
+    def loads(self) -> dict[str, dict]:
+        """Replica id -> its last polled load (each carries its ``model``)."""
+        return {rid: load for m in self.monitors for rid, load in m.loads.items()}
 
     def start(self) -> None:
         if self._task is None:
@@ -78,35 +134,8 @@ class ReplicaMonitor:
             await asyncio.sleep(self._interval)
 
     async def poll_once(self, profile: bool = False) -> None:
-        try:
-            count = await asyncio.wait_for(asyncio.to_thread(self._count), self._interval * 5)
-        except Exception as exc:  # the controller is busy or restarting: keep the previous count
-            log.warning("replica count poll failed: %s", exc)
-            count = None
-        if count is not None:
-            self.replicas = count
-            self._dispatcher.set_replicas(count)
-            self._metrics.replicas.set(count)
-        self._recorder.tick_replicas(self.replicas)
-        if self.replicas > 0:
-            await self._poll_load(profile)
+        for monitor in self.monitors:
+            await monitor.poll_once(profile)
+        self._recorder.tick_replicas({m.model: m.replicas for m in self.monitors})
         for hook in self._hooks:
             await hook()
-        d = self._dispatcher
-        self._metrics.in_flight.set(d.in_flight)
-        self._metrics.room.set(d.capacity)
-
-    async def _poll_load(self, profile: bool) -> None:
-        try:
-            load = await asyncio.wait_for(self._handle.load.remote(), self._interval * 2)
-            now = time.monotonic()
-            self.loads[load["replica_id"]] = load | {"polled_at": now}
-            # A replaced replica stops answering: its last load goes, so the map holds live ones only.
-            stale = now - STALE_POLLS * self._interval
-            self.loads = {rid: v for rid, v in self.loads.items() if v["polled_at"] >= stale}
-            self._metrics.observe_load(load)
-            if profile:
-                summary = await asyncio.wait_for(self._handle.profile.remote(), self._interval * 2)
-                self._metrics.observe_profile(summary)
-        except Exception as exc:  # a replica being replaced; the next poll tries again
-            log.debug("replica load poll failed: %s", exc)

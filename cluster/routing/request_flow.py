@@ -80,8 +80,11 @@ class RequestRunner:
         timeouts: Timeouts,
         grpc: bool = False,
         stream_items_per_s: float = 0.0,
+        model: str = "",
     ) -> None:
+        """``model``: the served model whose replicas ``replicas`` reaches (recorded with each request)."""
         self.quotas = quotas
+        self.model = model
         self.dispatcher = dispatcher
         # grpc: the streams travel over Serve's inter-deployment gRPC channel instead of Ray actor
         # calls (``_by_reference=False``), which costs the router and the replica less CPU per item.
@@ -94,7 +97,12 @@ class RequestRunner:
     async def open(self, job: Job) -> ActiveRequest:
         """Admit, wait for a fair turn, dispatch and wait for the first output."""
         timing = RequestTiming(
-            job.request_id, job.tenant.id, job.sla_class, time.monotonic(), prompt_tokens=len(job.prompt_ids)
+            job.request_id,
+            job.tenant.id,
+            job.sla_class,
+            time.monotonic(),
+            prompt_tokens=len(job.prompt_ids),
+            model=self.model,
         )
         active = ActiveRequest(self, self.quotas, job, timing)
         try:

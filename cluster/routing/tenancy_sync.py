@@ -77,8 +77,11 @@ class TenancySync:
         apply: Callable[[TenancyConfig], None],
         live_routers: Callable[[], int],
         wait_s: float,
+        served_models: tuple[str, ...] = (),
     ) -> None:
+        """``served_models``: when given, a config naming another model is invalid (never applied)."""
         self._where = where
+        self._served = served_models
         self._source = source
         self._apply = apply
         self._live_routers = live_routers
@@ -97,7 +100,8 @@ class TenancySync:
         """A router's: its configured file (the demo config when none), waits sized by its poll."""
         source = Path(config.tenancy_config) if config.tenancy_config else DEFAULT_CONFIG_PATH
         wait_s = max(RELOAD_WAIT_MIN_S, RELOAD_WAIT_POLLS * config.load_poll_interval_s)
-        return cls(where, source, apply, live_routers, wait_s)
+        served = tuple(m.name for m in config.served_models)
+        return cls(where, source, apply, live_routers, wait_s, served)
 
     async def initial(self) -> Tenancy:
         """What this router starts with; reported as applied (the caller builds its state from it)."""
@@ -138,9 +142,11 @@ class TenancySync:
         board.forget_router(self._where.app, self._where.generation, self._where.router)
 
     # ---- helpers ------------------------------------------------------------------------------
-    @staticmethod
-    def _parse(text: str, source: str) -> Tenancy:
-        return Tenancy(parse_tenancy_text(text, source), board.tenancy_version(text))
+    def _parse(self, text: str, source: str) -> Tenancy:
+        config = parse_tenancy_text(text, source)
+        if self._served:
+            config.check_models(self._served)
+        return Tenancy(config, board.tenancy_version(text))
 
     def _published(self) -> Tenancy | None:
         """The deployment's published version when it is not the one applied here (blocking)."""

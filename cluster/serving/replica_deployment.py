@@ -34,10 +34,14 @@ class ReplicaServer:
     """A Serve deployment class (decorated by ``cluster.app``) that owns one engine."""
 
     async def __init__(
-        self, engine: dict[str, Any], synthetic_tokenizer: bool = False, generation: str | None = None
+        self,
+        engine: dict[str, Any],
+        synthetic_tokenizer: bool = False,
+        generation: str | None = None,
+        model: str = "",
     ) -> None:
         """``generation``: the app deployment's id; with it the replica publishes its load every
-        second (``cluster/serving/replica_board.py``)."""
+        second (``cluster/serving/replica_board.py``). ``model``: the served name, in every load."""
         from replica.engine import Engine  # here: torch loads in replica processes, never in routers
 
         self._engine = Engine(EngineConfig(**engine))
@@ -45,6 +49,7 @@ class ReplicaServer:
         if synthetic_tokenizer:  # the router encodes with the same one (cluster.text.prompts)
             attach_to_engine(self._engine, word_tokenizer(self._engine.loaded.config.vocab_size))
         self._replica_id = _replica_id()
+        self._model = model
         self._started = time.monotonic()
         self._waiting_tokens = 0  # prompt + max tokens of requests not yet producing; for routing
         self._generation = generation
@@ -102,6 +107,7 @@ class ReplicaServer:
         s = self._engine.stats()
         return {
             "replica_id": self._replica_id,
+            "model": self._model,
             "running": s.running,
             "waiting": s.waiting,
             "waiting_tokens": self._waiting_tokens,
@@ -120,7 +126,7 @@ class ReplicaServer:
 
     def profile(self) -> dict[str, Any]:
         """The engine's step-time breakdown, plus this replica's id."""
-        return {"replica_id": self._replica_id, **self._engine.profile_summary()}
+        return {"replica_id": self._replica_id, "model": self._model, **self._engine.profile_summary()}
 
     def info(self) -> dict[str, Any]:
         """Static facts the routers need: the context limit and the KV capacity in tokens."""

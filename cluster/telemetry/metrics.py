@@ -9,10 +9,13 @@ from cluster.telemetry.request_timing import RequestTiming
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
 TENANT = ("tenant", "sla_class")
+MODEL = ("model",)  # the served model: on every series that is one pool's (queue, room, replicas)
+REPLICA = ("replica", "model")
 
 
 class ClusterMetrics:
-    """Counters and histograms labelled by tenant and SLA class; replica gauges by replica id."""
+    """Counters and histograms labelled by tenant and SLA class; each model pool's gauges by model,
+    replica gauges by replica id and model."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -48,26 +51,26 @@ class ClusterMetrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "fairlane_queue_depth", "Requests waiting in the fair queue.", TENANT, registry=r
+            "fairlane_queue_depth", "Requests waiting in the fair queue.", (*TENANT, *MODEL), registry=r
         )
         self.in_flight = Gauge(
-            "fairlane_dispatched_in_flight", "Requests dispatched and not ended.", registry=r
+            "fairlane_dispatched_in_flight", "Requests dispatched and not ended.", MODEL, registry=r
         )
-        self.room = Gauge("fairlane_dispatch_room", "Requests this router may have in flight.", registry=r)
-        self.replicas = Gauge("fairlane_replicas", "Running replicas seen by this router.", registry=r)
+        self.room = Gauge(
+            "fairlane_dispatch_room", "Requests this router may have in flight.", MODEL, registry=r
+        )
+        self.replicas = Gauge("fairlane_replicas", "Running replicas seen by this router.", MODEL, registry=r)
         self.batch_size = Gauge(
-            "fairlane_replica_batch_size", "Running sequences per replica.", ("replica",), registry=r
+            "fairlane_replica_batch_size", "Running sequences per replica.", REPLICA, registry=r
         )
         self.replica_waiting = Gauge(
-            "fairlane_replica_waiting", "Waiting sequences per replica.", ("replica",), registry=r
+            "fairlane_replica_waiting", "Waiting sequences per replica.", REPLICA, registry=r
         )
-        self.kv_usage = Gauge(
-            "fairlane_replica_kv_usage", "Share of KV blocks in use.", ("replica",), registry=r
-        )
+        self.kv_usage = Gauge("fairlane_replica_kv_usage", "Share of KV blocks in use.", REPLICA, registry=r)
         self.busy = Gauge(
             "fairlane_replica_device_busy_fraction",
             "Device busy share (engine profiler).",
-            ("replica",),
+            REPLICA,
             registry=r,
         )
         self.store_degraded = Gauge(
@@ -113,17 +116,17 @@ class ClusterMetrics:
     def observe_tokens(self, tenant_id: str, sla_class: str, count: int) -> None:
         self.output_tokens.labels(tenant_id, sla_class).inc(count)
 
-    def observe_load(self, load: dict) -> None:
-        rid = str(load.get("replica_id", "?"))
-        self.batch_size.labels(rid).set(load.get("running", 0))
-        self.replica_waiting.labels(rid).set(load.get("waiting", 0))
+    def observe_load(self, load: dict, model: str) -> None:
+        labels = (str(load.get("replica_id", "?")), model)
+        self.batch_size.labels(*labels).set(load.get("running", 0))
+        self.replica_waiting.labels(*labels).set(load.get("waiting", 0))
         total = load.get("kv_blocks_total") or 0
-        self.kv_usage.labels(rid).set(load.get("kv_blocks_used", 0) / total if total else 0.0)
+        self.kv_usage.labels(*labels).set(load.get("kv_blocks_used", 0) / total if total else 0.0)
 
-    def observe_profile(self, profile: dict) -> None:
+    def observe_profile(self, profile: dict, model: str) -> None:
         busy = profile.get("device_busy_fraction")
         if busy is not None:
-            self.busy.labels(str(profile.get("replica_id", "?"))).set(busy)
+            self.busy.labels(str(profile.get("replica_id", "?")), model).set(busy)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -27,6 +28,7 @@ class RequestTiming:
     outcome: Outcome | None = None
     reason: str | None = None
     replica_id: str | None = None
+    model: str = ""
 
     @property
     def ttft(self) -> float | None:
@@ -54,12 +56,14 @@ class RequestTiming:
 
 
 class TimingRecorder:
-    """The last ``capacity`` finished records of this router, plus the replica-seconds used."""
+    """The last ``capacity`` finished records of this router, plus the replica-seconds used (in all
+    and per model)."""
 
     def __init__(self, capacity: int = 50_000) -> None:
         self._records: deque[RequestTiming] = deque(maxlen=capacity)
         self.started = time.monotonic()
         self.replica_seconds = 0.0
+        self.model_replica_seconds: dict[str, float] = {}
         self._last_tick: float | None = None
 
     def add(self, record: RequestTiming) -> None:
@@ -71,11 +75,20 @@ class TimingRecorder:
     def clear(self) -> None:
         self._records.clear()
         self.replica_seconds = 0.0
+        self.model_replica_seconds = {}
         self.started = time.monotonic()
 
-    def tick_replicas(self, replicas: int, now: float | None = None) -> None:
-        """Integrate replicas × time (GPU-seconds when each replica holds one GPU)."""
+    def tick_replicas(self, replicas: int | Mapping[str, int], now: float | None = None) -> None:
+        """Integrate replicas × time (GPU-seconds when each replica holds one GPU); ``replicas`` per
+        model, or one count for all."""
         now = time.monotonic() if now is None else now
+        counts = {"": replicas} if isinstance(replicas, int) else replicas
         if self._last_tick is not None:
-            self.replica_seconds += replicas * max(0.0, now - self._last_tick)
+            elapsed = max(0.0, now - self._last_tick)
+            for model, count in counts.items():
+                self.replica_seconds += count * elapsed
+                if model:
+                    self.model_replica_seconds[model] = (
+                        self.model_replica_seconds.get(model, 0.0) + count * elapsed
+                    )
         self._last_tick = now

@@ -1,10 +1,10 @@
-"""SLA report: latency percentiles, attainment, goodput and cost per tenant and SLA class."""
+"""SLA report: latency percentiles, attainment, goodput and cost per tenant, SLA class and model."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 
 from cluster.telemetry.request_timing import RequestTiming
 from tenancy import SLAClass, TenancyConfig
@@ -14,7 +14,10 @@ PERCENTILES = (50, 95, 99)
 
 @dataclass(frozen=True, slots=True)
 class GroupReport:
-    """One tenant (or class) over the window: counts, latency percentiles, attainment, cost."""
+    """One tenant (or class, or model) over the window: counts, latency percentiles, attainment, cost.
+
+    ``model`` is "*" for the tenant and class groups (every model), a served name for a model's.
+    """
 
     tenant_id: str
     sla_class: str
@@ -29,6 +32,7 @@ class GroupReport:
     sla_attainment: float | None
     goodput_rps: float
     dollars_per_success: float | None
+    model: str = "*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,9 @@ class SLAReport:
     gpu_dollars: float
     tenants: list[GroupReport]
     classes: list[GroupReport]
+    # Per served model: its own requests, and its replicas' seconds priced alone.
+    models: list[GroupReport] = field(default_factory=list)
+    model_replica_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,17 +68,26 @@ def meets_sla(record: RequestTiming, target: SLAClass) -> bool:
 
 
 def build_report(
-    records: Iterable[RequestTiming], config: TenancyConfig, window_s: float, replica_seconds: float
+    records: Iterable[RequestTiming],
+    config: TenancyConfig,
+    window_s: float,
+    replica_seconds: float,
+    model_replica_seconds: Mapping[str, float] | None = None,
 ) -> SLAReport:
-    """Group finished records by tenant and by class; cost is shared by each group's token share."""
+    """Group finished records by tenant, by class and by model. A tenant's or class's cost is its
+    token share of every replica's; a model's is its own replicas' (``model_replica_seconds``; None:
+    no model groups, as in a tenant's own report, whose records are not all of a model's)."""
     records = [r for r in records if r.end is not None]
-    dollars = replica_seconds * config.gpu_dollars_per_hour / 3600.0
+    price = config.gpu_dollars_per_hour / 3600.0
+    dollars = replica_seconds * price
     total_tokens = sum(r.prompt_tokens + r.output_tokens for r in records if r.outcome == "ok") or 0
     by_tenant: dict[str, list[RequestTiming]] = {}
     by_class: dict[str, list[RequestTiming]] = {}
+    by_model: dict[str, list[RequestTiming]] = {}
     for r in records:
         by_tenant.setdefault(r.tenant_id, []).append(r)
         by_class.setdefault(r.sla_class, []).append(r)
+        by_model.setdefault(r.model, []).append(r)
     window = max(window_s, 1e-9)
     tenants = [
         _group(rs, tid, rs[0].sla_class, config, window, dollars, total_tokens)
@@ -80,7 +96,13 @@ def build_report(
     classes = [
         _group(rs, "*", name, config, window, dollars, total_tokens) for name, rs in sorted(by_class.items())
     ]
-    return SLAReport(window_s, replica_seconds, dollars, tenants, classes)
+    seconds = dict(model_replica_seconds or {})
+    models = []
+    for name, rs in sorted(by_model.items()) if model_replica_seconds is not None else ():
+        own = seconds.get(name, 0.0) * price
+        tokens = sum(r.prompt_tokens + r.output_tokens for r in rs if r.outcome == "ok")
+        models.append(_group(rs, "*", "*", config, window, own, tokens, model=name))
+    return SLAReport(window_s, replica_seconds, dollars, tenants, classes, models, seconds)
 
 
 def _group(
@@ -91,10 +113,12 @@ def _group(
     window: float,
     dollars: float,
     total_tokens: int,
+    model: str = "*",
 ) -> GroupReport:
-    target = config.classes_by_name.get(sla_class)
     ok = [r for r in records if r.outcome == "ok"]
-    met = sum(1 for r in ok if target is not None and meets_sla(r, target))
+    # Each record against its own class's targets (a model's group mixes classes).
+    targets = config.classes_by_name
+    met = sum(1 for r in ok if r.sla_class in targets and meets_sla(r, targets[r.sla_class]))
     served = [r for r in records if r.outcome != "rejected"]
     tokens = sum(r.prompt_tokens + r.output_tokens for r in ok)
     share = dollars * tokens / total_tokens if total_tokens else 0.0
@@ -112,6 +136,7 @@ def _group(
         sla_attainment=met / len(served) if served else None,
         goodput_rps=met / window,
         dollars_per_success=share / len(ok) if ok else None,
+        model=model,
     )
 
 

@@ -61,10 +61,11 @@ class _Handle:
 
 def test_router_core_applies_a_config_and_keeps_the_counters() -> None:
     core = RouterCore(AppConfig(engine={"device": "cpu"}), _Handle())  # type: ignore[arg-type]
-    core.dispatcher.queue.charge("alice", 100)
-    core.dispatcher.queue.charge("carol", 100)
+    (pool,) = core.pools.values()
+    pool.dispatcher.queue.charge("alice", 100)
+    pool.dispatcher.queue.charge("carol", 100)
     config = without(default_tenancy_config(), "carol")
     core.apply_tenancy(config)
-    assert core.tenancy.config is config and core.runner.quotas is core.tenancy.quotas
-    assert core.dispatcher.queue.counter("alice") == 100.0  # 200 / weight 2
-    assert "carol" not in core.tenancy.config.tenants_by_id
+    assert core.tenancy.config is config and pool.runner.quotas is pool.quotas
+    assert pool.dispatcher.queue.counter("alice") == 100.0  # 200 / weight 2
+    assert "carol" not in core.tenancy.config.tenants_by_id and "carol" not in pool.tenancy.tenants_by_id

@@ -1,0 +1,175 @@
+"""What one served model is built with: its engine, replica count or autoscaling, resources and room.
+
+An app serves one model (``AppConfig``'s top-level ``engine``, ``num_replicas``... and
+``served_model_name``) or a list of them (``AppConfig.models``). Each list entry takes what it does
+not give from the top level (``engine`` field by field), so the top level holds what the models
+share. The entries are resolved when the config is validated: a validated entry holds every value,
+and a config dumped and validated again (the routers get it so) resolves to the same models.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Safe in a Redis key prefix (no braces: the tenants' hash tags), a metric label and a deployment name.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$"
+# The first model's replica deployment keeps the single-model name, so the drills, tools and tests
+# that look the replicas up by it keep working, and adding a model does not redeploy the first one.
+FIRST_DEPLOYMENT = "Replica"
+# Top-level fields a `models` entry takes when it does not give its own.
+INHERITED = ("replica_num_cpus", "replica_num_gpus", "replica_room")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSettings(_Frozen):
+    """What each replica's engine is built with (see ``replica.EngineConfig``)."""
+
+    model: str = Field(
+        default="smollm2-135m", description="Preset name or local Hugging Face model directory."
+    )
+    device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu' or 'cuda'.")
+    mode: Literal["async", "sync"] = Field(
+        default="async", description="Engine step loop: overlapped or not."
+    )
+    random_weights: bool = Field(
+        default=False, description="Random weights of the preset's shape (benchmarks)."
+    )
+    synthetic_tokenizer: bool = Field(
+        default=False,
+        description="Generated word-level tokenizer of the preset's vocabulary (random-weight benchmarks).",
+    )
+    kv_cache_tokens: int = Field(default=16384, gt=0, description="KV cache size in tokens on CPU.")
+    max_num_seqs: int = Field(default=32, gt=0, description="Sequences batched together per step, at most.")
+    max_num_batched_tokens: int = Field(default=512, gt=0, description="Tokens per step (prefill chunking).")
+    max_model_len: int | None = Field(default=None, gt=1, description="Context cap; None = the model's own.")
+
+
+class AutoscalingSettings(_Frozen):
+    """Serve autoscaling of the replica deployment; ``target_ongoing_requests`` should be below the room."""
+
+    min_replicas: int = Field(default=1, ge=1, description="Replicas kept when idle.")
+    max_replicas: int = Field(default=2, ge=1, description="Replicas at most.")
+    initial_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="Replicas started with the app (warm for expected load); None = min_replicas.",
+    )
+    target_ongoing_requests: float = Field(
+        default=2.0, gt=0, description="Ongoing requests per replica aimed at."
+    )
+    upscale_delay_s: float = Field(
+        default=2.0, ge=0, description="Load must last this long before scaling up."
+    )
+    downscale_delay_s: float = Field(default=10.0, ge=0, description="Idle time before scaling down.")
+    metrics_interval_s: float = Field(default=0.5, gt=0, description="How often replicas report their load.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSettings:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be >= min_replicas")
+        initial = self.initial_replicas
+        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
+            raise ValueError("initial_replicas must lie between min_replicas and max_replicas")
+        return self
+
+
+class ModelSettings(_Frozen):
+    """One served model: its API name and its own replica pool. Unset fields come from the top level."""
+
+    name: str = Field(
+        pattern=MODEL_NAME_PATTERN, description="Model name in the API: the request's `model` field."
+    )
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings,
+        description="Engine settings; the fields given replace the top-level engine's, one by one.",
+    )
+    num_replicas: int = Field(default=1, ge=1, description="Fixed replica count (ignored with autoscaling).")
+    autoscaling: AutoscalingSettings | None = Field(
+        default=None, description="Autoscale this model's replicas instead of a fixed count."
+    )
+    replica_num_cpus: float = Field(default=1.0, ge=0, description="Ray CPUs reserved per replica.")
+    replica_num_gpus: float | None = Field(
+        default=None, ge=0, description="GPUs per replica; None = 1 when CUDA is present, else 0."
+    )
+    replica_room: int = Field(
+        default=8, ge=1, description="Requests in flight per replica of this model at most."
+    )
+
+    @property
+    def min_replicas(self) -> int:
+        return self.autoscaling.min_replicas if self.autoscaling else self.num_replicas
+
+    @property
+    def replica_max_ongoing(self) -> int:
+        # Headroom over the room for cheap control calls (load, profile) next to generations.
+        return self.replica_room + 8
+
+
+def inherit_entries(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The raw app config with each ``models`` entry completed from the top level (before validation).
+
+    Scaling goes as a pair: an entry that gives ``num_replicas`` or ``autoscaling`` takes neither from
+    the top level (a fixed count given alone means no autoscaling).
+    """
+    top = dict(data)
+    entries = top.get("models")
+    if not isinstance(entries, Sequence) or isinstance(entries, str):
+        return top
+    top["models"] = [_inherit(_given(entry), top) for entry in entries]
+    return top
+
+
+def _inherit(entry: Any, top: Mapping[str, Any]) -> Any:
+    if not isinstance(entry, dict):
+        return entry  # not a mapping: validation names the problem
+    out = dict(entry)
+    engine = _given(top.get("engine") or {})
+    if isinstance(engine, dict):
+        out["engine"] = {**engine, **_given(entry.get("engine") or {})}
+    if "num_replicas" not in entry and "autoscaling" not in entry:
+        for key in ("num_replicas", "autoscaling"):
+            if key in top:
+                out[key] = top[key]
+    for key in INHERITED:
+        if key not in entry and key in top:
+            out[key] = top[key]
+    return out
+
+
+def _given(value: Any) -> Any:
+    """A model's fields as given (not its defaults), or the value as it is."""
+    return value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else value
+
+
+def deployment_names(models: Sequence[ModelSettings]) -> dict[str, str]:
+    """Served name -> its replica deployment: ``Replica`` for the first, ``Replica-<name>`` after."""
+    out: dict[str, str] = {}
+    for index, model in enumerate(models):
+        out[model.name] = FIRST_DEPLOYMENT if index == 0 else f"{FIRST_DEPLOYMENT}-{_safe(model.name)}"
+    return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def check_unique(models: Sequence[ModelSettings]) -> None:
+    """Served names, and the deployment names made from them, are unique; ValueError names the entry."""
+    seen: dict[str, int] = {}
+    for index, model in enumerate(models):
+        if model.name in seen:
+            raise ValueError(f"models.{index}.name: duplicate model name {model.name!r}")
+        seen[model.name] = index
+    deployments: dict[str, str] = {}
+    for name, deployment in deployment_names(models).items():
+        if deployment in deployments:
+            other = deployments[deployment]
+            raise ValueError(f"models: {name!r} and {other!r} make the same deployment name {deployment!r}")
+        deployments[deployment] = name
