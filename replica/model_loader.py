@@ -91,7 +91,7 @@ def _load_dir(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMode
     config, spec = read_config(model_dir)
     checkpoint_files(model_dir)  # every shard present before any is read or memory is taken
     generation = read_generation_defaults(model_dir)
-    model = _build(config, device, dtype)
+    model = build_model(config, device, dtype)
     load_checkpoint(model, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ends = _end_ids(config, generation, tokenizer)
@@ -111,7 +111,7 @@ def _load_random(name: str, device: torch.device, dtype: torch.dtype, seed: int)
     if name not in SHAPES:
         raise UnknownModelError(f"no random-weight preset {name!r}; presets: {', '.join(sorted(SHAPES))}")
     config = LlamaConfig(**SHAPES[name].to_config_dict())
-    model = _build(config, device, dtype)
+    model = build_model(config, device, dtype)
     init_random(model, seed)
     tokenizer = _tokenizer_for_random(name)
     ends = _end_ids(config, GenerationDefaults(), tokenizer)
@@ -127,7 +127,7 @@ def _tokenizer_for_random(name: str) -> PreTrainedTokenizerBase | None:
     return None  # token-id prompts only
 
 
-def _build(config, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+def build_model(config, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: an 8B model never exists in float32
     try:

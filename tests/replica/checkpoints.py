@@ -1,13 +1,13 @@
 """Tiny random checkpoints of every supported architecture, written with transformers' save_pretrained.
 
 Each kind differs from plain Llama where a real checkpoint of its family does: Llama 3.x rope scaling
-and an untied head, Qwen2's q/k/v biases, Qwen3's per-head q/k norms with a head size that is not
-hidden ÷ heads, Mistral's sliding window. Biases and norm weights are random (transformers starts
-them at 0 and 1, which would hide a name mapped to the wrong place); projections get a 1/√fan-in
-scale, so each layer moves the residual stream as much as the embedding does (at transformers'
-0.02 the output follows the last token whatever attention computes, and a wrong rope or bias
-goes unseen); the embeddings and head get replica/weights.py's OUTPUT_STD so greedy choices are
-not decided by near-ties.
+and an untied head, Llama's optional attention and MLP biases, Qwen2's q/k/v biases, Qwen3's
+per-head q/k norms with a head size that is not hidden ÷ heads, Mistral's sliding window. Biases
+and norm weights are random (transformers starts them at 0 and 1, which would hide a name mapped to
+the wrong place); projections get a 1/√fan-in scale, so each layer moves the residual stream as
+much as the embedding does (at transformers' 0.02 the output follows the last token whatever
+attention computes, and a wrong rope or bias goes unseen); the embeddings and head get
+replica/weights.py's OUTPUT_STD so greedy choices are not decided by near-ties.
 """
 
 from __future__ import annotations
@@ -63,6 +63,15 @@ def tiny_config(name: str, vocab_size: int, hidden: int = 64, heads: int = 4, kv
             **common, tie_word_embeddings=False, max_position_embeddings=131072, rope_parameters=LLAMA3_ROPE
         )
         return Kind(name, config, max_shard_size="2MB")
+    if name == "llama-bias":  # attention_bias (q, k, v and o) and mlp_bias (gate, up and down)
+        config = LlamaConfig(
+            **common,
+            tie_word_embeddings=False,
+            max_position_embeddings=8192,
+            attention_bias=True,
+            mlp_bias=True,
+        )
+        return Kind(name, config)
     if name == "qwen2":
         rope = {"rope_type": "default", "rope_theta": 1000000.0}
         config = Qwen2Config(
@@ -82,7 +91,7 @@ def tiny_config(name: str, vocab_size: int, hidden: int = 64, heads: int = 4, kv
     raise ValueError(f"no tiny checkpoint kind {name!r}")
 
 
-KINDS = ("llama-tied", "llama3-untied", "qwen2", "qwen3", "mistral")
+KINDS = ("llama-tied", "llama3-untied", "llama-bias", "qwen2", "qwen3", "mistral")
 
 
 def random_hf_model(kind: Kind, seed: int = 0):
@@ -102,17 +111,18 @@ def random_hf_model(kind: Kind, seed: int = 0):
     return model
 
 
-def save_checkpoint(
-    model, kind: Kind, out: Path, tokenizer_dir: Path, generation: dict | None = None
-) -> Path:
-    """save_pretrained the model (in the kind's dtype and sharding), its tokenizer and generation config."""
+def save_checkpoint(model, kind: Kind, out: Path, tokenizer, generation: dict | None = None) -> Path:
+    """save_pretrained the model (in the kind's dtype and sharding), a tokenizer (a directory to copy
+    one from, or a tokenizer) and a generation config."""
     from transformers import AutoTokenizer
 
+    if isinstance(tokenizer, Path):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     if generation is not None:
         model.generation_config = GenerationConfig(**generation)
     options = {"max_shard_size": kind.max_shard_size} if kind.max_shard_size else {}
     copy.deepcopy(model).to(kind.dtype).save_pretrained(out, **options)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out
 
 
@@ -124,10 +134,13 @@ def hf_from_dir(model_dir: Path):
 def hf_greedy_many(
     hf_model, prompts: list[list[int]], max_tokens: list[int], eos: list[int]
 ) -> list[list[int]]:
-    """transformers' greedy generate for each prompt alone, stopping on any of `eos`."""
+    """transformers' greedy generate for each prompt alone, stopping on any of `eos` (none: no end)."""
     outputs = []
+    device = next(hf_model.parameters()).device
+    if not eos:
+        hf_model.generation_config.eos_token_id = None  # otherwise generate falls back to the config's
     for prompt, limit in zip(prompts, max_tokens, strict=True):
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=device)
         with torch.no_grad():
             out = hf_model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=limit, do_sample=False,
@@ -135,3 +148,22 @@ def hf_greedy_many(
             )  # fmt: skip
         outputs.append(out[0, len(prompt) :].tolist())
     return outputs
+
+
+def logit_gaps(hf_model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """For each generated token, transformers' highest logit minus the token's, given the prompt and
+    the tokens before it (teacher forcing): 0 where the token is transformers' own greedy choice, a
+    small value where a near-tie went the other way."""
+    device = next(hf_model.parameters()).device
+    ids = torch.tensor([prompt + tokens], device=device)
+    with torch.no_grad():
+        logits = hf_model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)].float()
+    chosen = logits.gather(-1, torch.tensor(tokens, device=device)[:, None])[:, 0]
+    return (logits.max(-1).values - chosen).tolist()
+
+
+def first_divergence(ours: list[int], ref: list[int]) -> int:
+    """The first position where two outputs differ (the shorter length when one extends the other)."""
+    return next(
+        (i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), min(len(ours), len(ref))
+    )

@@ -20,6 +20,7 @@ from replica.rope import RotaryEmbedding
 from tests.replica.checkpoints import (
     KINDS,
     LLAMA3_ROPE,
+    first_divergence,
     hf_from_dir,
     hf_greedy_many,
     random_hf_model,
@@ -33,6 +34,7 @@ MAX_TOKENS = [24, 8, 40, 16, 32, 12, 48, 20, 8, 36, 16, 28]
 ENGINE = {
     "llama-tied": dict(mode="async", max_num_batched_tokens=256),
     "llama3-untied": dict(mode="sync", max_num_batched_tokens=256),
+    "llama-bias": dict(mode="async", max_num_batched_tokens=256),
     "qwen2": dict(mode="async", max_num_batched_tokens=128),
     "qwen3": dict(mode="async", max_num_batched_tokens=128, num_kv_blocks=41),
     "mistral": dict(mode="async", max_num_batched_tokens=256),
@@ -47,12 +49,6 @@ async def staggered(engine: Engine, prompts: list[list[int]]) -> list[list[int]]
         return [t async for out in engine.generate(prompts[i], params) for t in out.token_ids]
 
     return await asyncio.gather(*(one(i) for i in range(len(prompts))))
-
-
-def first_divergence(ours: list[int], ref: list[int]) -> int:
-    return next(
-        (i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), min(len(ours), len(ref))
-    )
 
 
 def _stop_ids_the_model_reaches(model, prompts: list[list[int]]) -> list[int]:

@@ -82,6 +82,35 @@ def test_decode_attention_compiles_and_orders_its_split_merge(dtype, rope, split
     assert barrier and barrier[-1] > stores[-1], "the partial stores must pass a barrier before the count"
 
 
+# (dtype, query heads, KV heads, head_dim): Qwen2.5-7B (a group of 7), Qwen3-0.6B (head_dim 128 over
+# hidden 1024), Mistral-7B, and the float32 tiny checkpoints of tests/gpu/test_architectures_gpu.py.
+ARCH_SHAPES = [
+    ("bf16", 28, 4, 128),
+    ("bf16", 16, 8, 128),
+    ("bf16", 32, 8, 128),
+    ("fp32", 4, 2, 32),
+    ("fp32", 4, 2, 64),
+]
+
+
+@pytest.mark.parametrize(("dtype", "heads", "kv_heads", "head_dim"), ARCH_SHAPES)
+def test_decode_and_rope_kernels_compile_for_each_architecture_shape(dtype, heads, kv_heads, head_dim):
+    group = heads // kv_heads
+    for rope, splits in ((True, 1), (False, 3)):
+        constants = dict(
+            GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=16,
+            TOKENS=128, SPLITS=splits, PRECISION="ieee" if dtype == "fp32" else "tf32", ROPE=rope,
+            Q_HEADS=heads, KV_HEADS=kv_heads,
+        )  # fmt: skip
+        assert (
+            "st.global" in compile_for_h200(_paged_decode_kernel, decode_types(dtype), constants).asm["ptx"]
+        )
+    rope_types = {"qkv_ptr": f"*{dtype}", "pos_ptr": "*i64", "table_ptr": "*fp32", "slot_ptr": "*i64"}
+    rope_types |= {"k_cache_ptr": f"*{dtype}", "v_cache_ptr": f"*{dtype}", "stride_tok": "i32"}
+    shape = dict(Q_HEADS=heads, KV_HEADS=kv_heads, DIM=head_dim, HALF=head_dim // 2)
+    assert "st.global" in compile_for_h200(_rope_cache_kernel, rope_types, shape).asm["ptx"]
+
+
 @pytest.mark.parametrize(("parts", "has_res"), [(0, False), (0, True), (2, True), (7, True)])
 def test_add_rmsnorm_compiles_with_and_without_partials(parts, has_res):
     types = {"x_ptr": "*fp32" if parts else "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"}
