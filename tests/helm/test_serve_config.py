@@ -9,7 +9,7 @@ import helm_python
 import pytest
 from pydantic import BaseModel
 
-from cluster.config import AppConfig, AutoscalingSettings, EngineSettings
+from cluster.config import AppConfig, AutoscalingSettings, EngineSettings, ModelSettings
 from tests.helm.chart import ROOT, Rendered, chart, chart_defaults, ci_values, render
 
 CHART_OWNED = {"tenancy_config", "redis_url", "host", "port"}
@@ -77,10 +77,10 @@ def test_autoscaling_reaches_the_replica_deployment_args(all_options: Rendered) 
     assert config.autoscaling is None and config.num_replicas == 3
 
 
-def _schema_fields(node: dict, schema: dict) -> set[str]:
+def _resolved(node: dict, schema: dict) -> dict:
     if "$ref" in node:
-        node = schema["definitions"][node["$ref"].rsplit("/", 1)[1]]
-    return set(node["properties"])
+        return schema["definitions"][node["$ref"].rsplit("/", 1)[1]]
+    return node
 
 
 @pytest.mark.parametrize(
@@ -89,18 +89,22 @@ def _schema_fields(node: dict, schema: dict) -> set[str]:
         (("app",), AppConfig, CHART_OWNED),
         (("app", "engine"), EngineSettings, set()),
         (("app", "autoscaling"), AutoscalingSettings, set()),
+        (("app", "models", "[]"), ModelSettings, set()),
+        (("app", "models", "[]", "engine"), EngineSettings, set()),
+        (("app", "models", "[]", "autoscaling"), AutoscalingSettings, set()),
     ],
 )
 def test_values_schema_mirrors_app_config_fields(
     path: tuple[str, ...], model: type[BaseModel], owned: set[str]
 ) -> None:
-    """Every AppConfig field is settable from values, except the four the chart owns, and nothing else."""
+    """Every AppConfig field is settable from values, except the four the chart owns, and nothing else
+    ("[]": a list's items)."""
     schema = chart().schema
     assert schema is not None
     node = schema
     for key in path:
-        node = node["properties"][key]
-    assert _schema_fields(node, schema) == set(model.model_fields) - owned
+        node = _resolved(node["items"] if key == "[]" else node["properties"][key], schema)
+    assert set(node["properties"]) == set(model.model_fields) - owned
     assert node["additionalProperties"] is False
 
 

@@ -126,6 +126,10 @@ app.kubernetes.io/part-of: fairlane
 {{/* AppConfig args: the values' app section plus the fields the chart owns. */}}
 {{- define "fairlane.appArgs" -}}
 {{- $args := deepCopy .Values.app }}
+{{- /* With app.models each entry has its name: served_model_name names the one-model form only. */}}
+{{- if .Values.app.models }}
+{{- $args = omit $args "served_model_name" }}
+{{- end }}
 {{- $_ := set $args "tenancy_config" (include "fairlane.tenancy.path" .) }}
 {{- $_ := set $args "host" "0.0.0.0" }}
 {{- $_ := set $args "port" (int .Values.serve.port) }}
@@ -163,12 +167,15 @@ applications:
 {{- if and (not (kindIs "invalid" $a.initial_replicas)) (or (lt (int $a.initial_replicas) (int $a.min_replicas)) (gt (int $a.initial_replicas) (int $a.max_replicas))) }}
 {{- fail "app.autoscaling.initial_replicas must lie between min_replicas and max_replicas" }}
 {{- end }}
+{{- if not .Values.app.models }}
 {{- $need := mulf (float64 $a.max_replicas) (float64 (default 1.0 .Values.app.replica_num_gpus)) }}
 {{- $have := float64 (mul (int $w.maxReplicas) (int $w.gpusPerPod)) }}
 {{- if gt $need $have }}
 {{- fail (printf "app.autoscaling.max_replicas x app.replica_num_gpus needs %v GPUs but gpuWorkers.maxReplicas x gpusPerPod gives %v" $need $have) }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- include "fairlane.validateModels" . }}
 {{- if and (gt (int .Values.app.num_routers) 1) (not (include "fairlane.redis.configured" .)) }}
 {{- fail "app.num_routers > 1 needs Redis for shared quota state: set redis.enabled or externalRedis.host" }}
 {{- end }}
@@ -208,6 +215,40 @@ applications:
 {{- range .Values.tenancy.tenants }}
 {{- if not (has .sla_class $classes) }}
 {{- fail (printf "tenancy.tenants %s: unknown sla_class %s" .id .sla_class) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* app.models: unique names, each entry's autoscaling bounds, and GPUs for every model at its most
+replicas (an entry without num_replicas or autoscaling takes app's, without replica_num_gpus app's). */}}
+{{- define "fairlane.validateModels" -}}
+{{- $app := .Values.app }}
+{{- $w := .Values.gpuWorkers }}
+{{- if $app.models }}
+{{- $names := list }}
+{{- $need := 0.0 }}
+{{- range $i, $m := $app.models }}
+{{- if has $m.name $names }}
+{{- fail (printf "app.models.%d.name: duplicate model name %s" $i $m.name) }}
+{{- end }}
+{{- $names = append $names $m.name }}
+{{- $scale := $app }}
+{{- if or (hasKey $m "autoscaling") (hasKey $m "num_replicas") }}{{ $scale = $m }}{{ end }}
+{{- $count := int (default 1 $scale.num_replicas) }}
+{{- with $scale.autoscaling }}
+{{- if lt (int (default 2 .max_replicas)) (int (default 1 .min_replicas)) }}
+{{- fail (printf "app.models.%d.autoscaling.max_replicas must be >= min_replicas" $i) }}
+{{- end }}
+{{- $count = int (default 2 .max_replicas) }}
+{{- end }}
+{{- $gpus := $app.replica_num_gpus }}
+{{- if hasKey $m "replica_num_gpus" }}{{ $gpus = $m.replica_num_gpus }}{{ end }}
+{{- if kindIs "invalid" $gpus }}{{ $gpus = 1.0 }}{{ end }}
+{{- $need = addf $need (mulf (float64 $count) (float64 $gpus)) }}
+{{- end }}
+{{- $have := float64 (mul (int $w.maxReplicas) (int $w.gpusPerPod)) }}
+{{- if gt $need $have }}
+{{- fail (printf "app.models at their most replicas x replica_num_gpus need %v GPUs but gpuWorkers.maxReplicas x gpusPerPod gives %v" $need $have) }}
 {{- end }}
 {{- end }}
 {{- end }}
