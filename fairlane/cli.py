@@ -52,7 +52,8 @@ def serve_cmd(
     # SIGTERM handling goes in between ray.init (which installs Ray's own, aborting handler) and
     # Serve opening the port; leaving the block drains within cfg.drain_timeout_s.
     with local_cluster(cfg, address, on_ray_up=stop.install) as base_url:
-        console.print(f"fairlane serving [bold]{cfg.served_model_name}[/] at {base_url}/v1 (Ctrl-C to stop)")
+        names = ", ".join(m.name for m in cfg.served_models)
+        console.print(f"fairlane serving [bold]{names}[/] at {base_url}/v1 (Ctrl-C to stop)")
         stop.wait()
 
 
@@ -60,6 +61,8 @@ def with_model(cfg: AppConfig, model: str | None, served_name: str | None) -> Ap
     """The config serving `model` (a directory or a preset) under `served_name`."""
     if model is None and served_name is None:
         return cfg
+    if cfg.models:  # which entry would it change? The config's list says what each model serves.
+        raise typer.BadParameter("the config lists models: --model and --served-model-name serve one model")
     data = cfg.model_dump(exclude_unset=True)
     if model is not None:
         data["engine"] = {**data.get("engine", {}), "model": model}

@@ -114,3 +114,23 @@ async def test_a_router_started_later_starts_from_the_published_one(kv: FakeKV, 
     assert tenancy_board.applied_by_routers("app", "g1") == {"a": published, "c": published}
     a.sync.forget()
     assert tenancy_board.applied_by_routers("app", "g1") == {"c": published}
+
+
+async def test_a_file_naming_a_model_the_app_does_not_serve_changes_nothing(
+    kv: FakeKV, tenants_file: Path
+) -> None:
+    served = ("small", "large")
+    applied: list[TenancyConfig] = []
+    sync = TenancySync(Deployment("app", "g1", "a"), tenants_file, applied.append, lambda: 1, 0.3, served)
+    version = (await sync.initial()).version
+    before = dict(kv.data)
+    data = yaml.safe_load(tenants_file.read_text())
+    data["tenants"][1]["models"] = ["small", "lareg"]  # a typo would lock bob out of "large" quietly
+    tenants_file.write_text(yaml.safe_dump(data))
+    with pytest.raises(BadRequest, match=r"tenants\.1\.models: 'lareg' is not a served model") as caught:
+        await sync.reload()
+    assert caught.value.code == "invalid_tenancy_config"
+    assert kv.data == before and applied == [] and sync.version == version
+    data["tenants"][1]["models"] = ["small", "large"]
+    tenants_file.write_text(yaml.safe_dump(data))
+    assert (await sync.reload()).complete and applied[-1].tenant("bob").models == ("small", "large")
