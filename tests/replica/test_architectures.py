@@ -157,3 +157,23 @@ def test_rope_tables_equal_transformers(rope, head_dim):
     cos, sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1, dtype=torch.float32), positions)
     torch.testing.assert_close(ours[:, 0], cos[0], rtol=0, atol=1e-6)
     torch.testing.assert_close(ours[:, 1], sin[0], rtol=0, atol=1e-6)
+
+
+def test_arch_spec_reads_each_family_setting():
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    from replica.architectures import arch_spec
+
+    sizes = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3)
+    qwen2 = arch_spec(Qwen2Config(**sizes, max_position_embeddings=32768))
+    assert qwen2.qkv_bias and not qwen2.o_bias and qwen2.max_positions == 32768
+    windowed = Qwen2Config(**sizes, use_sliding_window=True, sliding_window=2048, max_window_layers=1)
+    assert arch_spec(windowed).max_positions == 2048  # layers 1 and 2 slide
+    unused = Qwen2Config(**sizes, use_sliding_window=True, sliding_window=2048, max_window_layers=28)
+    assert arch_spec(unused).sliding_window is None  # no layer slides
+    qwen3 = arch_spec(Qwen3Config(**sizes, head_dim=128, attention_bias=True))
+    assert qwen3.qk_norm and qwen3.head_dim == 128 and qwen3.qkv_bias and qwen3.o_bias
+    mistral = arch_spec(MistralConfig(**sizes, sliding_window=None, max_position_embeddings=32768))
+    assert mistral.max_positions == 32768 and not mistral.uses_bias and mistral.head_dim == 16
+    llama = arch_spec(LlamaConfig(**sizes, mlp_bias=True))
+    assert llama.mlp_bias and not llama.qkv_bias and not llama.qk_norm
