@@ -115,6 +115,10 @@ async def run(args) -> dict:
         )
     )  # fmt: skip
     await engine.start()
+    loaded = engine.loaded
+    model = {"source": loaded.source, "architecture": getattr(loaded, "architecture", None),
+             "load_seconds": getattr(loaded, "load_seconds", None)}  # fmt: skip
+    print(f"[trace] loaded {model}", flush=True)
     vocab = engine.loaded.config.vocab_size
     warm = make_trace(args, vocab, math.inf)[:8]
     await run_trace(engine, warm, "mixed")
@@ -128,13 +132,13 @@ async def run(args) -> dict:
                 results[key] = await run_trace(engine, trace, mix)
                 print(f"[trace] {key}: {results[key]['output_tokens_per_s']:.0f} tok/s", flush=True)
                 if args.json:  # after every run: a run cut off by its time limit still reports
-                    args.json.write_text(json.dumps(report(args, results), indent=2, default=str))
+                    args.json.write_text(json.dumps(report(args, results, model), indent=2, default=str))
     finally:
         await engine.stop()
-    return report(args, results)
+    return report(args, results, model)
 
 
-def report(args, results: dict[str, dict]) -> dict:
+def report(args, results: dict[str, dict], model: dict) -> dict:
     ratios = {}
     for key, r in results.items():
         if key.startswith("mixed@"):
@@ -149,6 +153,7 @@ def report(args, results: dict[str, dict]) -> dict:
         "machine": platform.node(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "args": vars(args),
+        "model": model,
         "results": results,
         "mixed_vs_greedy": ratios,
     }
