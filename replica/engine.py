@@ -233,7 +233,7 @@ class Engine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError("this model has no tokenizer: send token ids")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)  # BOS where the tokenizer adds one
         else:
             ids = [int(t) for t in prompt]
         if not ids:
