@@ -151,6 +151,30 @@ class AppConfig(_Frozen):
     )
     max_n: int = Field(default=8, ge=1, le=128, description="Choices one request may ask for (n), at most.")
     timing_history: int = Field(default=50_000, gt=0, description="Request timing records kept per router.")
+    ledger: bool = Field(
+        default=True,
+        description="Write a row per finished request to the ledger (docs/ledger.md); off: SLA and "
+        "usage reports come from each router's memory.",
+    )
+    ledger_dsn: str | None = Field(
+        default=None,
+        description="PostgreSQL DSN of the ledger (postgresql://...); None: FAIRLANE_LEDGER_DSN, else "
+        "the SQLite file ledger_path.",
+    )
+    ledger_path: str = Field(
+        default="~/.cache/fairlane/ledger.sqlite",
+        min_length=1,
+        description="The ledger's SQLite file when no DSN is set (routers on one machine share it).",
+    )
+    ledger_spill_dir: str = Field(
+        default="~/.cache/fairlane/ledger-spill",
+        min_length=1,
+        description="Where rows wait as JSON lines while the ledger database is unreachable.",
+    )
+    ledger_spill_max_rows: int = Field(default=1_000_000, gt=0, description="Spill file bound, in rows.")
+    ledger_retention_days: float | None = Field(
+        default=400, gt=0, description="Ledger rows older than this are deleted (hourly); None: kept."
+    )
     host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")
     port: int = Field(default=8000, gt=0, lt=65536, description="HTTP port of the Serve proxy.")
     served_model_name: str = Field(

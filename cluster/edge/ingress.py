@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from cluster.config import AppConfig
 from cluster.drain import RouterDrain
-from cluster.edge import api_docs
+from cluster.edge import api_docs, ledger_views
 from cluster.edge.body_limit import BodyLimit
 from cluster.edge.job_builder import JobBuilder
 from cluster.edge.model_jobs import job_builders
@@ -29,8 +29,9 @@ from cluster.edge.responses import (
     sse_stream,
 )
 from cluster.edge.router_state import health, models_state, totals
-from cluster.edge.tenant_views import check_own, sla_report, usage
+from cluster.edge.tenant_views import check_own
 from cluster.errors import Draining, Forbidden, error_response
+from cluster.ledger.rows import key_id as api_key_id
 from cluster.routing.model_pool import ModelPool
 from cluster.routing.replica_monitor import MonitorLoop, ReplicaMonitor, running_replicas
 from cluster.routing.request_flow import ActiveRequest
@@ -87,6 +88,7 @@ class Ingress:
         self.jobs = job_builders(self.cfg, replicas)
         self.core.metrics.router_info.labels(self.router_id).set(1)
         self.drain = RouterDrain(ctx.app_name, self.router_id, lambda: self.core.held)
+        self.ledger = ledger_views.start_ledger(self.cfg, ctx.app_name, self.router_id, self.core)
         self.monitor = MonitorLoop(
             [self._replica_monitor(ctx.app_name, pool) for pool in self.core.pools.values()],
             self.core.recorder,
@@ -101,6 +103,11 @@ class Ingress:
             await asyncio.to_thread(self.tenancy_sync.forget)
         except Exception as exc:  # the GCS going down with the cluster
             log.warning("tenancy report not removed: %s", exc)
+        if self.ledger is not None:  # what is queued is written, or spilled for the next router here
+            try:
+                await self.ledger.close()
+            except Exception as exc:
+                log.warning("ledger not closed: %s", exc)
 
     # ---- OpenAI routes ------------------------------------------------------------------------
     @api.post("/v1/completions", responses=api_docs.GENERATE)
@@ -140,6 +147,7 @@ class Ingress:
             "replicas": self.monitor.replicas,
             "models": replicas,
             "quota_store_degraded": degraded,
+            "ledger": self.ledger.state if self.ledger is not None else "off",  # ok, behind, spilling
         }
         return JSONResponse(body, status_code=code)
 
@@ -163,22 +171,37 @@ class Ingress:
         try:
             tenant = self._tenant(request)
             check_own(tenant, tenant_id, dict(request.query_params))
+            return await ledger_views.sla(self.ledger, self.core, dict(request.query_params), tenant.id)
         except Exception as exc:
             return error_response(exc)
-        return JSONResponse(sla_report(self.core.recorder, self.core.tenancy.config, tenant.id))
 
     @api.get("/v1/tenants/{tenant_id}/usage", responses=api_docs.TENANT)
     async def my_usage(self, tenant_id: str, request: Request) -> Response:
         try:
             tenant = self._tenant(request)
             check_own(tenant, tenant_id, dict(request.query_params))
+            query = dict(request.query_params)
+            return await ledger_views.usage_answer(self.ledger, self.core, query, tenant.id)
         except Exception as exc:
             return error_response(exc)
-        return JSONResponse(usage(self.core.recorder.records(), tenant.id))
 
     @api.get("/admin/sla", responses=api_docs.ADMIN)
     async def admin_sla(self, request: Request) -> Response:
-        return self._admin(request, lambda: sla_report(self.core.recorder, self.core.tenancy.config, None))
+        try:
+            self._check_admin(request)
+            return await ledger_views.sla(self.ledger, self.core, dict(request.query_params), None)
+        except Exception as exc:
+            return error_response(exc)
+
+    @api.get("/admin/usage", responses=api_docs.ADMIN)
+    async def admin_usage(self, request: Request) -> Response:
+        """Every tenant's usage buckets (``tenant_id`` narrows it to one)."""
+        try:
+            self._check_admin(request)
+            query = dict(request.query_params)
+            return await ledger_views.usage_answer(self.ledger, self.core, query, query.get("tenant_id"))
+        except Exception as exc:
+            return error_response(exc)
 
     @api.get("/admin/timings", responses=api_docs.ADMIN)
     async def admin_timings(self, request: Request) -> Response:
@@ -207,8 +230,13 @@ class Ingress:
         self, request: Request, body: CompletionRequest | ChatCompletionRequest, kind: str
     ) -> Response:
         request_id = uuid.uuid4().hex
+        tenant, key_id = None, ""
         try:
             tenant = self._tenant(request)
+            key_id = api_key_id(
+                parse_bearer(request.headers.get("authorization")),
+                self.core.tenancy.config.key_salt.get_secret_value(),
+            )
             if self.drain.draining:  # counted like any refusal: sent = completed + rejected + ...
                 self.core.metrics.observe_rejection(tenant.id, tenant.sla_class, "draining")
                 raise Draining(int(self.cfg.drain_timeout_s) or 1)
@@ -217,7 +245,11 @@ class Ingress:
             job = await jobs.build(request_id, pool.tenant(tenant), body)
             if self.cfg.log_request_text:  # operators only: text stays out of logs by default
                 log.info("request %s tenant %s prompt %r", request_id, tenant.id, body.model_dump())
-            active = await pool.runner.open(job)
+        except Exception as exc:  # refused before admission: after auth, a ledger row too
+            ledger_views.record_refusal(self.ledger, request_id, tenant, key_id, body.model, exc)
+            return error_response(exc)
+        try:
+            active = await pool.runner.open(job, key_id)  # its own ending records every refusal
         except Exception as exc:
             return error_response(exc)
         meta = self._response_meta(kind, request_id, body, active.job.prompt_ids, jobs)

@@ -22,6 +22,7 @@ from ray.serve.handle import DeploymentHandle
 from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnavailable
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
 from cluster.serving.wire import GenerateArgs
+from cluster.telemetry.inter_token import InterTokenGaps
 from cluster.telemetry.metrics import ClusterMetrics
 from cluster.telemetry.request_timing import Outcome, RequestTiming, TimingRecorder
 from tenancy import Lease, QueueFull, QuotaExceeded, QuotaManager, RequestLimitExceeded, Tenant
@@ -53,6 +54,7 @@ class Job:
     prompt_ids: list[int]
     sampling: dict[str, Any]
     coalesce_s: float = 0.0
+    user: str | None = None  # the request's OpenAI `user`: recorded with its timing, nothing else
 
     @property
     def max_tokens(self) -> int:
@@ -94,8 +96,9 @@ class RequestRunner:
         self.timeouts = timeouts
         self._items_per_s = stream_items_per_s
 
-    async def open(self, job: Job) -> ActiveRequest:
-        """Admit, wait for a fair turn, dispatch and wait for the first output."""
+    async def open(self, job: Job, key_id: str = "") -> ActiveRequest:
+        """Admit, wait for a fair turn, dispatch and wait for the first output. ``key_id``: the
+        caller's API key id, for the ledger's row."""
         timing = RequestTiming(
             job.request_id,
             job.tenant.id,
@@ -103,6 +106,8 @@ class RequestRunner:
             time.monotonic(),
             prompt_tokens=len(job.prompt_ids),
             model=self.model,
+            key_id=key_id,
+            user=job.user,
         )
         active = ActiveRequest(self, self.quotas, job, timing)
         try:
@@ -160,6 +165,7 @@ class ActiveRequest:
         self.stream = None
         self.first: dict[str, Any] | None = None
         self.retries = 0
+        self.gaps = InterTokenGaps()
         self._finished = False
         self._closed = False
 
@@ -215,6 +221,7 @@ class ActiveRequest:
             t.first_token = time.monotonic()
         t.replica_id = item.get("replica_id", t.replica_id)
         if new > 0:
+            self.gaps.add(time.monotonic(), new)
             t.output_tokens = item["total_output_tokens"]
             self._runner.dispatcher.queue.charge(self.job.tenant.id, new)
             self._runner.metrics.observe_tokens(t.tenant_id, t.sla_class, new)
@@ -237,6 +244,7 @@ class ActiveRequest:
         t.outcome, t.reason = outcome, reason
         if t.first_token is None and outcome == "ok":
             t.first_token = t.end  # zero-token completion: first "token" is the end
+        t.itl_p99 = self.gaps.percentile(99)
         self._runner.recorder.add(t)
         self._runner.metrics.observe_end(t)
         if self.lease is not None:

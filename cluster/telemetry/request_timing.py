@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -29,6 +29,8 @@ class RequestTiming:
     reason: str | None = None
     replica_id: str | None = None
     model: str = ""
+    key_id: str = ""  # the API key's short id (cluster/ledger/rows.py), never the key
+    itl_p99: float | None = None  # the 99th percentile of inter-token gaps, set at the end
 
     @property
     def ttft(self) -> float | None:
@@ -65,9 +67,18 @@ class TimingRecorder:
         self.replica_seconds = 0.0
         self.model_replica_seconds: dict[str, float] = {}
         self._last_tick: float | None = None
+        # Called with every finished record (the ledger's queue); must not block or raise.
+        self.sink: Callable[[RequestTiming], None] | None = None
 
     def add(self, record: RequestTiming) -> None:
         self._records.append(record)
+        if self.sink is not None:
+            self.sink(record)
+
+    @property
+    def started_wall(self) -> float:
+        """When this window began (start or last reset), in unix seconds."""
+        return time.time() - (time.monotonic() - self.started)
 
     def records(self) -> list[RequestTiming]:
         return list(self._records)

@@ -1,0 +1,99 @@
+"""The local spill file: rows the database could not take, as JSON lines, replayed when it returns.
+
+Each writer appends to a file of its own and holds an exclusive lock on it while it lives. When it
+replays, it also takes any other spill file in the folder whose lock is free: a router that died (or
+was restarted) with rows spilled leaves them to the next writer on the machine, so nothing spilled
+is lost to a restart. The file is bounded: past ``max_rows`` a row is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from cluster.ledger.rows import LedgerRow
+
+PREFIX = "ledger-spill-"
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+class SpillFile:
+    """Rows waiting for the database on local disk. Blocking I/O: call from a thread."""
+
+    def __init__(self, folder: Path, owner: str, max_rows: int) -> None:
+        self.folder = Path(folder).expanduser()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path = self.folder / f"{PREFIX}{_safe(owner)}.jsonl"
+        self.max_rows = max_rows
+        self.dropped = 0
+        self._own: IO[str] = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  # held while alive
+        fcntl.flock(self._own, fcntl.LOCK_EX)
+        self.rows = sum(1 for _ in self._read(self._own))
+
+    def append(self, rows: list[LedgerRow]) -> int:
+        """Write ``rows`` (as many as the bound allows, synced); how many were written."""
+        room = max(0, self.max_rows - self.rows)
+        kept = rows[:room]
+        self.dropped += len(rows) - len(kept)
+        if kept:
+            self._own.write("".join(json.dumps(r.to_dict(), separators=(",", ":")) + "\n" for r in kept))
+            self._own.flush()
+            os.fsync(self._own.fileno())
+            self.rows += len(kept)
+        return len(kept)
+
+    def others(self) -> list[Path]:
+        """Spill files of writers that are gone (their lock is free)."""
+        return [
+            p for p in sorted(self.folder.glob(f"{PREFIX}*.jsonl")) if p != self.path and p.stat().st_size
+        ]
+
+    def read_own(self) -> list[LedgerRow]:
+        return [LedgerRow.from_dict(d) for d in self._read(self._own)]
+
+    def clear_own(self) -> None:
+        """After a replay stored every row: the file starts empty."""
+        self._own.truncate(0)
+        self._own.flush()
+        os.fsync(self._own.fileno())
+        self.rows = 0
+
+    @contextlib.contextmanager
+    def adopt(self, path: Path) -> Iterator[list[LedgerRow] | None]:
+        """A dead writer's rows (None if its writer still lives); the file goes if the block ends
+        without an error, i.e. once the caller stored them."""
+        with open(path, "a+", encoding="utf-8") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield None
+                return
+            yield [LedgerRow.from_dict(d) for d in self._read(f)]
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        empty = self.rows == 0
+        self._own.close()  # releases the lock
+        if empty:
+            self.path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _read(f: IO[str]) -> Iterator[dict]:
+        f.seek(0)
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a crash mid-write: the rest still counts
+                continue
+        f.seek(0, os.SEEK_END)

@@ -1,0 +1,166 @@
+"""Where ledger rows live: PostgreSQL (a DSN) or an SQLite file, behind one SQLAlchemy async engine.
+
+Both databases get the same table (``migrations/``), the same insert (``ON CONFLICT DO NOTHING`` on
+the request id, so a row replayed after an outage or sent twice is stored once) and the same
+queries; only the driver differs (asyncpg, aiosqlite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy import event, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from cluster.ledger.rows import LedgerRow
+from cluster.ledger.schema import requests
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+# Any constant: routers starting together take it, so one applies the migrations and the rest wait.
+MIGRATION_LOCK = 0x6661_6972_6C65  # "fairle"
+CONNECT_TIMEOUT_S = 2.0  # an unreachable database is an outage to spill through, not a long hang
+SQLITE_BUSY_MS = 10_000  # routers on one machine share the file: a writer waits its turn
+
+
+def engine_url(dsn: str) -> str:
+    """A SQLAlchemy async URL from a DSN (``postgresql://...``) or an SQLite file path."""
+    if "://" not in dsn:
+        return f"sqlite+aiosqlite:///{Path(dsn).expanduser()}"
+    url = make_url(dsn)
+    if url.drivername in ("postgresql", "postgres", "postgresql+psycopg2", "postgresql+psycopg"):
+        url = url.set(drivername="postgresql+asyncpg")
+    elif url.drivername == "sqlite":
+        url = url.set(drivername="sqlite+aiosqlite")
+    return url.render_as_string(hide_password=False)
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password (for logs and /health)."""
+    if "://" not in dsn:
+        return dsn
+    return make_url(dsn).render_as_string(hide_password=True)
+
+
+def make_engine(dsn: str) -> AsyncEngine:
+    url = engine_url(dsn)
+    if url.startswith("sqlite"):
+        path = Path(make_url(url).database or "")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
+        _sqlite_transactions(engine)
+        return engine
+    return create_async_engine(
+        url,
+        pool_size=4,
+        pool_pre_ping=True,
+        connect_args={"timeout": CONNECT_TIMEOUT_S, "command_timeout": 600},
+    )
+
+
+def _sqlite_transactions(engine: AsyncEngine) -> None:
+    """WAL (readers never block the writers of other routers) and BEGIN IMMEDIATE (a transaction
+    takes the write lock at its start, so two routers never deadlock upgrading a read lock)."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _connect(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _begin(conn) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def migration_files() -> list[tuple[int, str]]:
+    """(version, SQL) of every numbered migration, in order."""
+    out = []
+    for path in sorted(MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.sql")):
+        out.append((int(path.name[:4]), path.read_text(encoding="utf-8")))
+    return out
+
+
+def statements(sql: str) -> list[str]:
+    """The statements of a migration file (no semicolons inside statements, comments dropped)."""
+    lines = [line for line in sql.splitlines() if not line.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+class LedgerStore:
+    """The ledger database: migrate, insert rows idempotently, delete old rows, run queries."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.engine = make_engine(dsn)
+        self.dialect = self.engine.dialect.name  # "postgresql" or "sqlite"
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def migrate(self) -> int:
+        """Apply the migrations not yet applied; the schema version after. Safe when several routers
+        start together: one transaction under a lock (an advisory lock in PostgreSQL, the write lock
+        of BEGIN IMMEDIATE in SQLite), so each migration runs exactly once."""
+        async with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+            await conn.execute(
+                text(
+                    "CREATE TABLE IF NOT EXISTS schema_version "
+                    "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+                )
+            )
+            current = (await conn.execute(text("SELECT MAX(version) FROM schema_version"))).scalar() or 0
+            for version, sql in migration_files():
+                if version <= current:
+                    continue
+                for statement in statements(sql):
+                    await conn.execute(text(statement))
+                await conn.execute(
+                    text("INSERT INTO schema_version (version, applied_at) VALUES (:v, :t)"),
+                    {"v": version, "t": time.time()},
+                )
+                current = version
+        return current
+
+    async def insert(self, rows: Sequence[LedgerRow]) -> None:
+        """Store ``rows``; a request id already stored is left as it is."""
+        if not rows:
+            return
+        insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
+        stmt = insert(requests).on_conflict_do_nothing(index_elements=["request_id"])
+        async with self.engine.begin() as conn:
+            await conn.execute(stmt, [r.to_dict() for r in rows])
+
+    async def delete_before(self, cutoff: float) -> int:
+        """Delete rows that arrived before ``cutoff`` (unix seconds); how many went."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(requests.delete().where(requests.c.arrival < cutoff))
+        return int(result.rowcount or 0)
+
+    async def count(self, app: str | None = None) -> int:
+        query = "SELECT COUNT(*) FROM ledger_requests" + (" WHERE app = :app" if app else "")
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(text(query), {"app": app})).scalar() or 0)
+
+    def connect(self) -> AsyncConnection:
+        """A connection for queries (``async with store.connect() as conn``)."""
+        return self.engine.connect()
+
+    async def ping(self, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+        """Whether the database answers now."""
+        try:
+            async with asyncio.timeout(timeout_s), self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            return True
+        except Exception:
+            return False

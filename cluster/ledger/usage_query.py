@@ -1,0 +1,135 @@
+"""Usage from the ledger: buckets of an hour or a day × tenant × API key × model, shaped like
+OpenAI's organization Usage API (a page of buckets, each with its results), or as CSV rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from sqlalchemy import Integer, case, cast, func, select
+
+from cluster.ledger.schema import requests as r
+from cluster.ledger.sla_query import where
+from cluster.ledger.store import LedgerStore
+from cluster.ledger.time_range import TimeRange
+
+CSV_COLUMNS = (
+    "start_time",
+    "end_time",
+    "tenant_id",
+    "api_key_id",
+    "model",
+    "num_model_requests",
+    "num_rejected",
+    "input_tokens",
+    "input_cached_tokens",
+    "output_tokens",
+    "cost_usd",
+)
+
+
+@dataclass(slots=True)
+class UsageResult:
+    """One bucket's figures for one (tenant, key, model)."""
+
+    start_time: int
+    end_time: int
+    tenant_id: str
+    api_key_id: str
+    model: str
+    num_model_requests: int
+    num_rejected: int
+    input_tokens: int
+    input_cached_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+def bucket_start(dialect: str, width: int):
+    """The start of a row's bucket, in unix seconds (arrivals are positive, so truncation is floor)."""
+    if dialect == "postgresql":
+        return cast(func.floor(r.c.arrival / width), Integer) * width
+    return (cast(r.c.arrival, Integer) // width) * width  # SQLite: integer division
+
+
+async def usage_rows(
+    store: LedgerStore, rng: TimeRange, width: int, app: str | None = None, tenant_id: str | None = None
+) -> tuple[list[UsageResult], Counter[str]]:
+    """The buckets' results in time order, and the requests per outcome over the range."""
+    start = bucket_start(store.dialect, width).label("start")
+    served = r.c.outcome != "rejected"
+    query = (
+        select(
+            start,
+            r.c.tenant_id,
+            r.c.api_key_id,
+            r.c.model,
+            r.c.outcome,
+            func.count().label("requests"),
+            func.sum(case((served, r.c.prompt_tokens), else_=0)).label("input_tokens"),
+            func.sum(case((served, r.c.cached_tokens), else_=0)).label("cached"),
+            func.sum(r.c.output_tokens).label("output_tokens"),
+            func.sum(r.c.cost_usd).label("cost"),
+        )
+        .where(*where(rng, app, tenant_id))
+        .group_by(start, r.c.tenant_id, r.c.api_key_id, r.c.model, r.c.outcome)
+        .order_by(start, r.c.tenant_id, r.c.api_key_id, r.c.model)
+    )
+    async with store.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    results: dict[tuple, UsageResult] = {}
+    outcomes: Counter[str] = Counter()
+    for row in rows:
+        key = (int(row.start), row.tenant_id, row.api_key_id, row.model)
+        res = results.get(key)
+        if res is None:
+            res = results[key] = UsageResult(
+                int(row.start), int(row.start) + width, *key[1:], 0, 0, 0, 0, 0, 0.0
+            )
+        res.num_model_requests += row.requests
+        res.num_rejected += row.requests if row.outcome == "rejected" else 0
+        res.input_tokens += int(row.input_tokens or 0)
+        res.input_cached_tokens += int(row.cached or 0)
+        res.output_tokens += int(row.output_tokens or 0)
+        res.cost_usd += float(row.cost or 0.0)
+        outcomes[row.outcome] += row.requests
+    return list(results.values()), outcomes
+
+
+def usage_page(results: list[UsageResult], outcomes: Counter[str], rng: TimeRange, width: int) -> dict:
+    """OpenAI's page of buckets (``/v1/organization/usage/completions``: a tenant is a project), plus
+    the totals over the range."""
+    buckets: dict[int, list[dict]] = {}
+    for res in results:
+        item = {"object": "organization.usage.completions.result"} | asdict(res)
+        item["project_id"] = item["tenant_id"]
+        del item["start_time"], item["end_time"]
+        buckets.setdefault(res.start_time, []).append(item)
+    return {
+        "object": "page",
+        "data": [
+            {"object": "bucket", "start_time": start, "end_time": start + width, "results": items}
+            for start, items in sorted(buckets.items())
+        ],
+        "has_more": False,
+        "next_page": None,
+        "from": rng.start,
+        "to": rng.end,
+        "requests": sum(outcomes.values()),
+        "outcomes": dict(sorted(outcomes.items())),
+        "prompt_tokens": sum(x.input_tokens for x in results),
+        "output_tokens": sum(x.output_tokens for x in results),
+        "cost_usd": sum(x.cost_usd for x in results),
+    }
+
+
+def usage_csv(results: list[UsageResult]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for res in results:
+        d = asdict(res)
+        writer.writerow([d[c] if c != "cost_usd" else f"{d[c]:.8f}" for c in CSV_COLUMNS])
+    return out.getvalue()
