@@ -31,6 +31,8 @@ from replica.detokenizer import IncrementalDetokenizer
 from replica.engine_core import EngineCore, _Abort, _Add, _Hold
 from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError, PromptTooLongError
 from replica.generation_defaults import GenerationDefaults
+from replica.grammar_compiler import GrammarCompiler
+from replica.grammar_compiler import available as grammar_available
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput
@@ -72,6 +74,8 @@ class Engine:
         self.core.stop()
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+        if self.core.grammars is not None:
+            self.core.grammars.close()
         self.core.runner.close()  # give the KV cache and graph pool back: a new engine may start here
 
     @property
@@ -158,6 +162,11 @@ class Engine:
         for seq in seqs:  # outputs go to this call's queue, never to a later request of the same id
             seq.sink = stream
         self._streams[request_id] = stream
+        try:
+            await self._attach_matchers(seqs, params)
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
         self.core.inbox.put(_Add(seqs, detoks, RequestMetrics(arrival=seqs[0].arrival)))
         if self.core.crashed is not None:  # the loop stopped before it could take this request
             self._streams.pop(request_id, None)
@@ -176,6 +185,27 @@ class Engine:
                 del self._streams[request_id]
             if open_samples:
                 self.core.inbox.put(_Abort(request_id, tuple(seqs)))
+
+    async def _attach_matchers(self, seqs: list[Sequence], params: SamplingParams) -> None:
+        """A response format's grammar, compiled on the compiler's thread (or found in its cache), and
+        a matcher for each sample. The request waits here, before the engine sees it; the engine's
+        loop and this event loop go on meanwhile."""
+        if params.grammar is None:
+            return
+        compiled = await asyncio.wrap_future(self.grammars.compile(params.grammar))
+        for seq in seqs:
+            seq.matcher = self.grammars.matcher(compiled)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The engine's grammar compiler, made with the first request that has a response format (the
+        grammar library is imported then: without it a replica serves every other request)."""
+        if self.core.grammars is None:
+            if not grammar_available():
+                raise InvalidRequestError("response_format needs the xgrammar package on the replica")
+            vocab = self.loaded.config.vocab_size
+            self.core.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_token_ids)
+        return self.core.grammars
 
     async def abort(self, request_id: str) -> None:
         if self.core is not None:

@@ -17,12 +17,15 @@ from dataclasses import dataclass
 from replica.block_manager import BlockManager
 from replica.detokenizer import IncrementalDetokenizer
 from replica.errors import RequestFailedError
+from replica.grammar_masks import advance_matchers, fill_masks, needs_previous
+from replica.io_buffers import StepBuffers
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from replica.profiler import StepProfiler, StepRecord
 from replica.scheduler import Scheduler, StepPlan
 from replica.sequence import Sequence
-from replica.step_handle import StepHandle
+from replica.step_handle import StepHandle, StepResult
+from replica.step_inputs import StepLayout
 from replica.step_outputs import add_prompt_logprobs, take_prompt_logprobs, token_logprob
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,16 @@ class _Add:
 class _Abort:
     request_id: str
     seqs: tuple[Sequence, ...] | None = None  # only these (a generate call ending): not a newer same id
+
+
+@dataclass
+class _Read:
+    """A step read back: its outputs, or the error its wait raised; when the wait began and ended."""
+
+    result: StepResult | None
+    error: Exception | None
+    started: float
+    done: float
 
 
 @dataclass
@@ -69,6 +82,8 @@ class EngineCore:
         self._held = False
         self._finished_count = 0
         self.crashed: BaseException | None = None  # set when the loop stopped on an error
+        self.grammars = None  # the engine's GrammarCompiler, set with the first response format
+        self.num_constrained = 0  # unfinished sequences with a grammar matcher
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -110,10 +125,13 @@ class EngineCore:
             t0 = time.perf_counter()
             plan = self.scheduler.schedule()
             schedule_ms = (time.perf_counter() - t0) * 1000.0
-            handle = self._launch(plan)
+            handle, early = self._launch(plan, inflight)
             launched = handle is not None
             if launched:  # the wait before this step belongs to this step's record
                 handle.idle_ms, handle.schedule_ms = waited_ms, schedule_ms
+            if early is not None:  # read back already: its tokens filled this step's token masks
+                self._finish(inflight, early)
+                inflight = None
             if handle is not None and self.mode == "sync":
                 self._complete(handle)
                 handle = None
@@ -131,29 +149,57 @@ class EngineCore:
     def stop(self) -> None:
         self.inbox.put(None)
 
-    def _launch(self, plan: StepPlan | None) -> StepHandle | None:
+    def _launch(
+        self, plan: StepPlan | None, inflight: StepHandle | None
+    ) -> tuple[StepHandle | None, _Read | None]:
+        """Launch `plan`. Its token masks need every constrained sequence's matcher to have seen the
+        token `inflight` drew for it: if so, `inflight` is read back (and its tokens fed to the
+        matchers) just before the masks are filled, after the rest of the step's inputs; that read is
+        returned for the caller to finish after the launch. Other steps never wait here."""
         if plan is None:
-            return None
+            return None, None
         for item in plan.items:
             _, _, metrics = self._seqs[item.seq.key]
             if metrics.first_scheduled is None:
                 metrics.first_scheduled = time.monotonic()
+        early: list[_Read] = []
+
+        def masks(layout: StepLayout, buf: StepBuffers) -> int:
+            if inflight is not None and not early and needs_previous(plan.sample_seqs, layout.grammar_rows):
+                early.append(self._read(inflight))
+            mask = buf.host["token_mask"]
+            return fill_masks(plan.sample_seqs, layout.grammar_rows, buf.np, mask, self.grammars)
+
         try:
-            return self.runner.launch(plan)
+            handle = self.runner.launch(plan, masks)
         except Exception as exc:  # one bad step must not take the replica down
             self._fail_plan(plan, exc)
             self.runner.reset_carry()  # nothing may read the samples this step never made
-            return None
+            handle = None
+        return handle, (early[0] if early else None)
 
     def _complete(self, handle: StepHandle) -> None:
+        self._finish(handle, self._read(handle))
+
+    def _read(self, handle: StepHandle) -> _Read:
+        """Wait for a step's tokens and advance the grammar matchers of its constrained rows."""
         t0 = time.perf_counter()
         try:
             result = self.runner.wait(handle)
         except Exception as exc:
+            return _Read(None, exc, t0, time.perf_counter())
+        t1 = time.perf_counter()
+        if self.num_constrained:  # else nothing to advance: unconstrained traffic pays nothing here
+            advance_matchers(handle.plan.sample_seqs, result.tokens)
+        return _Read(result, None, t0, t1)
+
+    def _finish(self, handle: StepHandle, read: _Read) -> None:
+        if read.error is not None:
             # The next step is launched already: the rows it carries from this one belong to this
             # step's sequences, which end here, so its samples stay good for the step after it.
-            self._fail_plan(handle.plan, exc)
+            self._fail_plan(handle.plan, read.error)
             return
+        result = read.result
         t1 = time.perf_counter()
         for scores in result.prompt_scores:
             add_prompt_logprobs(scores)
@@ -162,13 +208,16 @@ class EngineCore:
             if not seq.finished:  # else: the extra token of a sequence that stopped a step ago
                 self._accept_token(seq, token, token_logprob(result, row, seq))
         t2 = time.perf_counter()
-        self._record(handle, wait_ms=(t1 - t0) * 1000.0, post_ms=(t2 - t1) * 1000.0)
+        self._record(handle, wait_ms=(read.done - read.started) * 1000.0, post_ms=(t2 - t1) * 1000.0)
 
     # ---- tokens, stops and outputs ------------------------------------------------------------------
     def _accept_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         _, detok, metrics = self._seqs[seq.key]
         if seq.params.max_tokens == 0:  # prompt scoring only: the drawn token is not an output
             self._emit(seq, [], "length")
+            return
+        if seq.grammar_error is not None:  # never expected: the token was drawn under its mask
+            self._fail_request(seq.request_id, RequestFailedError(seq.grammar_error))
             return
         seq.tokens.append(token)
         if metrics.first_token is None:
@@ -180,7 +229,8 @@ class EngineCore:
             if detok.stopped:
                 reason = "stop"
         eos = token in self.eos_ids and not seq.params.ignore_eos
-        if armed and (eos or token in seq.params.stop_token_ids):
+        # A finished grammar has taken its end (an EOS id): the sequence stops even under ignore_eos.
+        if (armed and (eos or token in seq.params.stop_token_ids)) or (reason is None and seq.grammar_done):
             reason = "stop"
         elif reason is None and (seq.num_output >= seq.params.max_tokens or len(seq.tokens) >= seq.max_len):
             reason = "length"
@@ -205,6 +255,7 @@ class EngineCore:
         """Take a finished sample out of the scheduler and the registries."""
         self.scheduler.finish(seq, reason)
         del self._seqs[seq.key]
+        self.num_constrained -= seq.matcher is not None
         samples = self._requests[seq.request_id]
         samples.remove(seq)
         if not samples:
@@ -215,10 +266,13 @@ class EngineCore:
         log.exception("step %d failed; ending its %d requests", plan.step_id, len(plan.items), exc_info=exc)
         request_ids = {item.seq.request_id for item in plan.items} | {s.request_id for s in plan.sample_seqs}
         for request_id in request_ids:
-            for seq in list(self._requests.get(request_id, ())):
-                self._end(seq, "error")
-                error = RequestFailedError(f"request {request_id} failed in step {plan.step_id}: {exc!r}")
-                self._outbox.append((seq, error))
+            error = RequestFailedError(f"request {request_id} failed in step {plan.step_id}: {exc!r}")
+            self._fail_request(request_id, error)
+
+    def _fail_request(self, request_id: str, error: RequestFailedError) -> None:
+        for seq in list(self._requests.get(request_id, ())):
+            self._end(seq, "error")
+            self._outbox.append((seq, error))
 
     def _flush(self) -> None:
         self._update_stats()
@@ -246,6 +300,7 @@ class EngineCore:
         elif isinstance(msg, _Add):
             for seq, detok in zip(msg.seqs, msg.detokenizers, strict=True):
                 self._seqs[seq.key] = (seq, detok, msg.metrics)
+                self.num_constrained += seq.matcher is not None
             self._requests[msg.seqs[0].request_id] = list(msg.seqs)
             self.scheduler.add(msg.seqs[0])
         elif isinstance(msg, _Hold):

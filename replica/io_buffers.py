@@ -18,9 +18,10 @@ import torch
 
 from replica.sampling_params import MAX_LOGPROBS
 
-# name -> (rows: "tokens" | "seqs" | "chunk_bounds" (seqs + 1) | "one" | "bias", columns: None | "table",
-# dtype); the order is the memory order. Everything before the decode tables travels in every step's
-# first copy; the bias entries (after the prefill tables) only in steps that have some.
+# name -> (rows: "tokens" | "seqs" | "chunk_bounds" (seqs + 1) | "one" | "bias", columns: None | "table" |
+# "mask_words", dtype); the order is the memory order. Everything before the decode tables travels in
+# every step's first copy; the bias entries and token masks (after the prefill tables) only in steps
+# that have some.
 FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "input_ids": ("tokens", None, torch.int64),
     "prev_rows": ("tokens", None, torch.int64),
@@ -52,10 +53,15 @@ FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "prefill_cu_k": ("chunk_bounds", None, torch.int32),  # start at cu_q[i], its keys at cu_k[i]
     "num_decode": ("one", None, torch.int32),  # the step's decode rows (mixed CUDA graphs read it)
     "num_bias": ("one", None, torch.int32),  # bias entries used this step (graphs mask the rest)
+    # Structured output: each sample row's row of `token_mask`, or -1 (unconstrained: left alone).
+    "mask_row": ("seqs", None, torch.int32),
     "decode_tables": ("seqs", "table", torch.int64),
     "prefill_tables": ("seqs", "table", torch.int64),
     "bias_index": ("bias", None, torch.int64),  # flat index (sample row * vocab + token id)
     "bias_value": ("bias", None, torch.float32),
+    # The constrained rows' packed allowed-token masks (bit i of word j: token 32 j + i), filled by
+    # the grammar matchers; only the step's used rows travel (replica/grammar_masks.py).
+    "token_mask": ("seqs", "mask_words", torch.int32),
 }
 _ALIGN = 256  # bytes; keeps every field's start aligned for vectorised device loads
 
@@ -86,14 +92,20 @@ class StepBuffers:
     """One set of IO buffers sized for the largest step."""
 
     def __init__(
-        self, device: torch.device, max_tokens: int, max_seqs: int, table_width: int, bias_entries: int = 1
+        self,
+        device: torch.device,
+        max_tokens: int,
+        max_seqs: int,
+        table_width: int,
+        bias_entries: int = 1,
+        mask_words: int = 1,
     ) -> None:
         self.device = device
         self.on_cuda = device.type == "cuda"
         self.table_width = table_width
         rows = {"tokens": max_tokens, "seqs": max_seqs, "chunk_bounds": max_seqs + 1, "one": 1}
         rows["bias"] = bias_entries
-        sizes = {**rows, "table": table_width}
+        sizes = {**rows, "table": table_width, "mask_words": mask_words}
         offsets, total = _layout(sizes)
         self._flat_host = torch.zeros(total, dtype=torch.uint8, pin_memory=self.on_cuda)
         self._flat_dev = (
@@ -104,6 +116,7 @@ class StepBuffers:
         self._decode_tables_at = offsets["decode_tables"][0]
         self._prefill_tables_at = offsets["prefill_tables"][0]
         self._bias_at = offsets["bias_index"][0], offsets["bias_value"][0]
+        self._mask_at, self._mask_row_bytes = offsets["token_mask"][0], mask_words * 4
         self.np: dict[str, np.ndarray] = {name: t.numpy() for name, t in self.host.items()}
         self.out = SampleOutputs(device, max_seqs)
 
@@ -115,7 +128,9 @@ class StepBuffers:
     def samples_host(self) -> torch.Tensor:
         return self.out.host["tokens"]
 
-    def copy_to_device(self, decode_rows: int, prefill_rows: int, bias_entries: int = 0) -> None:
+    def copy_to_device(
+        self, decode_rows: int, prefill_rows: int, bias_entries: int = 0, mask_rows: int = 0
+    ) -> None:
         """Enqueue the step's inputs on the current stream (non-blocking from pinned memory).
 
         One copy takes every per-token and per-sequence field whole (a few hundred KB at most) plus
@@ -134,6 +149,9 @@ class StepBuffers:
             if bias_entries:
                 span = slice(at, at + bias_entries * size)
                 self._flat_dev[span].copy_(self._flat_host[span], non_blocking=True)
+        if mask_rows:
+            span = slice(self._mask_at, self._mask_at + mask_rows * self._mask_row_bytes)
+            self._flat_dev[span].copy_(self._flat_host[span], non_blocking=True)
 
     def copy_samples_to_host(self, count: int, logprobs: bool = False) -> None:
         self.out.to_host(count, logprobs)

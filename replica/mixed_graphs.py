@@ -69,12 +69,13 @@ def pad_inputs(arrays: dict[str, np.ndarray], layout, tokens: int, rows: int, pa
 
 
 def pad_samples(arrays: dict[str, np.ndarray], used: int, rows: int) -> None:
-    """Padded sample rows draw greedily and keep no penalty counts (a stale slot would count into a
-    live sequence's row)."""
+    """Padded sample rows draw greedily, keep no penalty counts (a stale slot would count into a
+    live sequence's row) and take no token mask."""
     pad = slice(used, rows)
     arrays["temperature"][pad] = 0.0
     arrays["top_k"][pad] = 0
     arrays["penalty_slot"][pad] = -1
+    arrays["mask_row"][pad] = -1
 
 
 def metadata(

@@ -17,6 +17,7 @@ each kind has its own graphs, so sampled traffic replays graphs as greedy traffi
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -37,9 +38,10 @@ from replica.step_sampler import GRAPH_BIAS_ENTRIES, PromptScores, StepSampler
 from replica.streams import StepStreams
 from replica.varlen_prefill import flash_varlen_available
 
-KINDS = ("greedy", "sample", "logprobs")
+KINDS = ("greedy", "sample", "logprobs")  # a grammar-constrained row is never "greedy"
 MIXED_KINDS = ("greedy", "sample")  # a mixed step with logprobs runs eagerly
 MAX_BAN_IDS = MAX_STOP_TOKEN_IDS + MAX_EOS_IDS  # stop ids plus the model's EOS ids
+MaskFill = Callable[[StepLayout, StepBuffers], int]  # fills a step's token masks, returns the rows used
 
 
 class ModelRunner:
@@ -83,7 +85,10 @@ class ModelRunner:
         model.triton_gemms = frozenset(triton_gemms) if model.k_slices >= 1 else frozenset()
         max_rows = max(max_tokens, max_seqs)
         bias = max(GRAPH_BIAS_ENTRIES, max_seqs * (MAX_LOGIT_BIAS + MAX_BAN_IDS))
-        self.buffers = [StepBuffers(device, max_rows, max_seqs, self.table_width, bias) for _ in (0, 1)]
+        words = -(-cfg.vocab_size // 32)  # one packed token-mask row (structured output)
+        self.buffers = [
+            StepBuffers(device, max_rows, max_seqs, self.table_width, bias, mask_words=words) for _ in (0, 1)
+        ]
         self.sampler = StepSampler(model, device, max_seqs)
         pads = self.sampler.penalties.pad_row * cfg.vocab_size + np.arange(max_rows) % cfg.vocab_size
         self.fill_context = FillContext(block_size, cfg.vocab_size, pads.astype(np.int64))
@@ -145,7 +150,9 @@ class ModelRunner:
         self._prev_valid = False
 
     @torch.inference_mode()
-    def launch(self, plan: StepPlan) -> StepHandle:
+    def launch(self, plan: StepPlan, masks: MaskFill | None = None) -> StepHandle:
+        """Fill the step's inputs and enqueue it. A step with grammar-constrained rows calls `masks`
+        last, just before the copy: it fills their token masks and returns how many it filled."""
         t0 = time.perf_counter()
         set_index = self._step_count % 2
         buf = self.buffers[set_index]
@@ -162,12 +169,16 @@ class ModelRunner:
         elif mixed_size is not None:
             decode_rows = mixed.graph_rows(mixed_size, self.max_seqs)
             mixed.pad_inputs(buf.np, layout, mixed_size, decode_rows, self.fill_context.pad_marks)
+        if layout.grammar_rows:
+            if masks is None:
+                raise RuntimeError("a step with grammar-constrained rows needs their masks filled")
+            layout.num_masks = masks(layout, buf)
         prepare_ms = (time.perf_counter() - t0) * 1000.0
         names = ("start", "h2d_done", "compute_start", "compute_done", "d2h_done")
         events = {name: self.streams.event() for name in names}
         with self.streams.on("h2d"):
             events["start"].record()
-            buf.copy_to_device(decode_rows, len(layout.prefills), layout.num_bias)
+            buf.copy_to_device(decode_rows, len(layout.prefills), layout.num_bias, layout.num_masks)
             events["h2d_done"].record()
         self.streams.wait("compute", events["h2d_done"])
         scores: list[PromptScores] = []
@@ -242,11 +253,19 @@ class ModelRunner:
         prev = dev["prev_rows"][:count]
         return torch.where(prev >= 0, source[prev.clamp(min=0)], dev["input_ids"][:count])
 
-    def _draw(self, kind: str, buf: StepBuffers, hidden: torch.Tensor, marks: int, num_bias: int | None):
+    def _draw(
+        self,
+        kind: str,
+        buf: StepBuffers,
+        hidden: torch.Tensor,
+        marks: int,
+        num_bias: int | None,
+        num_masks: int | None = None,
+    ) -> None:
         if kind == "greedy":  # the same kernel in graphs and eager steps, so every step picks alike
             buf.samples_dev[: hidden.shape[0]].copy_(self.model.greedy_tokens(hidden))
         else:
-            self.sampler.draw(buf, hidden, marks, kind == "logprobs", num_bias)
+            self.sampler.draw(buf, hidden, marks, kind == "logprobs", num_bias, num_masks)
 
     def _graph_step(self, kind: str, set_index: int, size: int) -> None:
         """The captured body of a padded pure-decode step."""
@@ -290,5 +309,5 @@ class ModelRunner:
         input_ids = self._carried_ids(set_index, t) if layout.has_placeholders else dev["input_ids"][:t]
         hidden = self.model(input_ids, dev["positions"][:t], self.kv_caches, meta)
         marks = t if layout.marks else 0
-        self._draw(kind, buf, hidden[dev["sample_rows"][:s]], marks, layout.num_bias)
+        self._draw(kind, buf, hidden[dev["sample_rows"][:s]], marks, layout.num_bias, layout.num_masks)
         return self.sampler.score_prompts(hidden, dev, layout.prompt_logprobs)

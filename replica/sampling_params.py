@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from replica.errors import InvalidRequestError
+from replica.grammar_spec import GrammarSpec, grammar_spec
 
 MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's top_logprobs bound)
 MAX_LOGIT_BIAS = 300  # entries per request
@@ -50,6 +51,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         # Lists and dicts are accepted for convenience and frozen into tuples.
@@ -57,6 +59,7 @@ class SamplingParams:
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple((_token_id(k), float(v)) for k, v in bias))
+        object.__setattr__(self, "grammar", grammar_spec(self.grammar))
         self._validate()
 
     def _validate(self) -> None:
@@ -92,6 +95,9 @@ class SamplingParams:
             raise InvalidRequestError("stop strings must be non-empty")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError(f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} non-negative ids")
+        if self.grammar is not None and self.min_tokens:
+            # The grammar allows EOS only when the output is complete; a ban on it then leaves nothing.
+            raise InvalidRequestError("min_tokens cannot be combined with a response format")
 
     def _validate_bias(self) -> None:
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
@@ -126,6 +132,7 @@ class SamplingParams:
             and not self.logit_bias
             and self.min_tokens == 0
             and self.logprobs is None
+            and self.grammar is None
         )
 
 

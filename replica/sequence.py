@@ -51,6 +51,11 @@ class Sequence:
     # Token ids banned until min_tokens are out (the model's EOS ids and the request's stop ids).
     min_tokens_ban: tuple[int, ...] = ()
     prompt_logprobs: list = field(default_factory=list)  # filled chunk by chunk when asked for
+    # Structured output: the grammar matcher (one per sample), advanced by each token the host reads
+    # back; done once the grammar has ended (or refused a token: `grammar_error` says why).
+    matcher: object | None = None
+    grammar_done: bool = False
+    grammar_error: str | None = None
     prompt_logprobs_sent: bool = False
     # temperature, top_k, top_p, min_p, seed and the three penalties as one row (exact in float64:
     # the seed has 32 bits); the input builder reads this one tuple per sequence.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from replica.grammar_masks import constrained_rows
 from replica.io_buffers import StepBuffers
 from replica.scheduler import StepPlan
 from replica.sequence import Sequence
@@ -49,6 +50,8 @@ class StepLayout:
     num_row_copies: int = 0  # penalty rows copied after the step (forks)
     marks: bool = False  # some chunk belongs to a sequence with penalties
     prompt_logprobs: list[PromptLogprobChunk] = field(default_factory=list)
+    grammar_rows: list[int] = field(default_factory=list)  # sample rows under a grammar (masks to fill)
+    num_masks: int = 0  # token-mask rows filled (after the grammar matchers caught up)
 
 
 def fill_step(plan: StepPlan, buf: StepBuffers, ctx: FillContext) -> StepLayout:
@@ -182,6 +185,8 @@ def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLa
     if layout.plain_greedy:
         return
     arrays["penalty_slot"][:s] = [q.row if q.penalized else -1 for q in seqs]
+    arrays["mask_row"][:s] = -1  # constrained rows get theirs when their masks are filled
+    layout.grammar_rows = constrained_rows(seqs)
     layout.logprobs = any(q.params.logprobs is not None for q in seqs)
     _fill_bias(seqs, arrays, layout, vocab)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replica.grammar_masks import apply_token_masks
 from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
 from replica.penalty_state import PenaltyState
@@ -74,9 +75,12 @@ class StepSampler:
         marks: int,
         logprobs: bool,
         num_bias: int | None,
+        num_masks: int | None = None,
     ) -> None:
         """Sample every row of `hidden` into the set's outputs. `marks`: token rows whose penalty
-        bookkeeping runs first; `num_bias`: the step's bias entries, or None in a graph (masked)."""
+        bookkeeping runs first; `num_bias`: the step's bias entries, or None in a graph (masked);
+        `num_masks`: the step's grammar-constrained rows, or None in a graph (the kernel always runs,
+        idle on unconstrained rows)."""
         dev = buf.dev
         rows = hidden.shape[0]
         if marks:
@@ -88,6 +92,8 @@ class StepSampler:
             dev["presence_penalty"][:rows],
         )  # fmt: skip
         self._add_bias(logits, dev, num_bias)
+        if num_masks is None or num_masks:
+            apply_token_masks(logits, dev["mask_row"][:rows], dev["token_mask"])
         params = SamplingTensors(
             temperature=dev["temperature"][:rows], top_k=dev["top_k"][:rows], top_p=dev["top_p"][:rows],
             min_p=dev["min_p"][:rows], seed=dev["seed"][:rows], position=dev["out_position"][:rows],

@@ -21,8 +21,8 @@ async def _traced_run(mode: str) -> tuple[list[tuple[str, int, bool]], list[list
             trace.append(("pause", -1, False))
         return drain(block, timeout)
 
-    def traced_launch(plan):
-        handle = launch(plan)
+    def traced_launch(plan, masks=None):
+        handle = launch(plan, masks)
         trace.append(("launch", plan.step_id, any(i.prev_row >= 0 for i in plan.items)))
         return handle
 
@@ -73,9 +73,9 @@ async def test_hold_admits_without_stepping_and_release_starts_one_batch():
     first_steps: list[int] = []
     launch = engine.core.runner.launch
 
-    def traced_launch(plan):
+    def traced_launch(plan, masks=None):
         first_steps.append(len(plan.items))
-        return launch(plan)
+        return launch(plan, masks)
 
     engine.core.runner.launch = traced_launch
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)

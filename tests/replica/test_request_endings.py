@@ -27,8 +27,8 @@ async def test_a_failed_step_ends_exactly_its_own_requests(engine, tokenizer):
     launched: list = []
     fired: list = []
 
-    def recording_launch(plan):
-        handle = launch(plan)
+    def recording_launch(plan, masks=None):
+        handle = launch(plan, masks)
         launched.append(plan)
         return handle
 

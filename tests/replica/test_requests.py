@@ -122,7 +122,7 @@ async def test_failing_step_ends_its_requests_and_the_loop_goes_on(engine):
     runner = engine.core.runner
     original = runner.launch
 
-    def explode_once(plan):
+    def explode_once(plan, masks=None):
         runner.launch = original
         raise RuntimeError("injected fault")
 
