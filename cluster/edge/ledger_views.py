@@ -66,7 +66,8 @@ async def sla(
         try:
             await ledger.writer.flush()  # this router's own rows first: it reads what it served
             report = await ledger_sla(ledger.store, core.tenancy.config, rng, ledger.app, tenant_id)
-            return JSONResponse(report.to_dict() | {"source": "ledger", "from": rng.start, "to": rng.end})
+            where = {"source": "ledger", "from": rng.start, "to": rng.end, "router": ledger.router}
+            return JSONResponse(report.to_dict() | where)
         except Exception as exc:  # the database away: this router's memory, said so
             log.warning("ledger report failed (%s); answering from memory", type(exc).__name__)
     body = sla_report(recorder, core.tenancy.config, tenant_id)
@@ -86,7 +87,8 @@ async def usage_answer(
             if query.get("format") == "csv":
                 return Response(usage_csv(results), media_type="text/csv")
             page = usage_page(results, outcomes, rng, width)
-            return JSONResponse(page | {"tenant_id": tenant_id or "*", "source": "ledger"})
+            where = {"tenant_id": tenant_id or "*", "source": "ledger", "router": ledger.router}
+            return JSONResponse(page | where)
         except Exception as exc:
             log.warning("ledger usage failed (%s); answering from memory", type(exc).__name__)
     records = core.recorder.records()
