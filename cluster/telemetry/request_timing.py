@@ -31,6 +31,7 @@ class RequestTiming:
     model: str = ""
     key_id: str = ""  # the API key's short id (cluster/ledger/rows.py), never the key
     itl_p99: float | None = None  # the 99th percentile of inter-token gaps, set at the end
+    user: str | None = None  # the end user the client named (OpenAI's `user`), within its tenant
 
     @property
     def ttft(self) -> float | None:
