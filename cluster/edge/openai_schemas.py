@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cluster.edge.response_format import ResponseFormat, grammar_fields
+
 MAX_STOP = 4
 MAX_STOP_CHARS = 256  # a stop string is matched against the decoded tail at every step: keep it short
 
@@ -48,6 +50,9 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
+    response_format: ResponseFormat | None = Field(
+        default=None, description="text, json_object, or json_schema (the answer matches the schema)."
+    )
 
     @field_validator("stop")
     @classmethod
@@ -84,6 +89,7 @@ class _Sampling(_Strict):
             "stop_token_ids": tuple(self.stop_token_ids or ()),
             "ignore_eos": self.ignore_eos,
             "stop": self.stop_tuple(),
+            "grammar": grammar_fields(self.response_format),  # checks the schema: 400 points into it
         }
 
 
