@@ -192,12 +192,23 @@ def capacity_cmd(
 def report_cmd(
     run: Path | None = typer.Argument(None, help="A loadtest output folder."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="Two run folders: A then B."),
-    out: Path | None = typer.Option(None, "--out", help="With --compare: output folder (default A_vs_B)."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (A_vs_B; ledger-report)."),
+    ledger: str | None = typer.Option(None, "--ledger", help="The ledger: PostgreSQL DSN or SQLite file."),
+    start: str | None = typer.Option(None, "--from", help="With --ledger: ISO 8601 or unix s (30 days ago)."),
+    end: str | None = typer.Option(None, "--to", help="With --ledger: ISO 8601 or unix seconds (now)."),
+    tenancy: Path | None = typer.Option(None, "--tenancy", help="With --ledger: tenancy YAML (SLA targets)."),
+    ledger_app: str | None = typer.Option(None, "--app", help="With --ledger: one Serve app's rows only."),
+    bucket: str = typer.Option("1d", "--bucket", help="With --ledger: usage buckets, 1h or 1d."),
 ) -> None:
-    """HTML report + PNG figures + terminal tables of a run, or of two runs side by side."""
+    """HTML report + PNG figures + terminal tables of a run, of two runs side by side, or of the ledger."""
     from loadtest.report import render_compare, render_run
 
-    if compare:
+    if ledger:
+        from fairlane.ledger_report import render_ledger
+
+        out = out or Path("ledger-report")
+        path = render_ledger(ledger, start, end, out, tenancy, ledger_app, bucket, console)
+    elif compare:
         a, b = compare
         path = render_compare(a, b, out or a.parent / f"{a.name}_vs_{b.name}", console)
     elif run is not None:

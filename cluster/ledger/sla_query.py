@@ -22,6 +22,7 @@ from tenancy import TenancyConfig
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 GROUPINGS = ("tenant_id", "sla_class", "model")
+REPORT_WORK_MEM = "256MB"  # for this report's transaction only
 Quantiles = dict[str, dict[str, float | None]]  # metric -> {"p50": ...}
 
 
@@ -150,6 +151,8 @@ async def ledger_sla(
     as in a router's own report, no model groups)."""
     clauses = where(rng, app, tenant_id)
     async with store.connect() as conn:
+        if store.dialect == "postgresql":  # the percentiles sort in memory, not in files
+            await conn.execute(text(f"SET LOCAL work_mem = '{REPORT_WORK_MEM}'"))
         sums = await group_sums(conn, clauses, config)
         if store.dialect == "postgresql":
             quantiles = {g: await quantiles_pg(conn, clauses, g) for g in GROUPINGS}

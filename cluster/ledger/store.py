@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sqlalchemy import event, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -22,6 +21,16 @@ from cluster.ledger.rows import LedgerRow
 from cluster.ledger.schema import requests
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+PG_COLUMNS = tuple(c.name for c in requests.columns)
+PG_CHUNK = 100
+_PG_TYPES = {"TEXT": "text", "BIGINTEGER": "int8", "FLOAT": "float8"}
+PG_INSERT = (
+    f"INSERT INTO ledger_requests ({', '.join(PG_COLUMNS)}) SELECT * FROM unnest("
+    + ", ".join(
+        f"${i}::{_PG_TYPES[type(c.type).__name__.upper()]}[]" for i, c in enumerate(requests.columns, 1)
+    )
+    + ") ON CONFLICT (request_id) DO NOTHING"
+)
 # Any constant: routers starting together take it, so one applies the migrations and the rest wait.
 MIGRATION_LOCK = 0x6661_6972_6C65  # "fairle"
 CONNECT_TIMEOUT_S = 2.0  # an unreachable database is an outage to spill through, not a long hang
@@ -136,10 +145,25 @@ class LedgerStore:
         """Store ``rows``; a request id already stored is left as it is."""
         if not rows:
             return
-        insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
-        stmt = insert(requests).on_conflict_do_nothing(index_elements=["request_id"])
+        if self.dialect == "postgresql":
+            await self._insert_pg(rows)
+            return
+        stmt = sqlite_insert(requests).on_conflict_do_nothing(index_elements=["request_id"])
         async with self.engine.begin() as conn:
             await conn.execute(stmt, [r.to_dict() for r in rows])
+
+    async def _insert_pg(self, rows: Sequence[LedgerRow]) -> None:
+        """One statement over column arrays, bound by asyncpg itself: the writer runs on the router's
+        event loop, and building SQLAlchemy's per-row parameters costs ~25 µs a row there (a 500-row
+        batch would hold the loop ~14 ms); the arrays cost a few µs a row (docs/ledger.md)."""
+        async with self.engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            # Statements of PG_CHUNK rows: encoding one holds the loop well under a millisecond, and
+            # the loop runs other work while each is on the wire. Each is its own transaction, which
+            # the idempotent insert makes safe to repeat.
+            for i in range(0, len(rows), PG_CHUNK):
+                chunk = rows[i : i + PG_CHUNK]
+                await raw.execute(PG_INSERT, *([getattr(r, name) for r in chunk] for name in PG_COLUMNS))
 
     async def delete_before(self, cutoff: float) -> int:
         """Delete rows that arrived before ``cutoff`` (unix seconds); how many went."""
