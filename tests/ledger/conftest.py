@@ -27,7 +27,7 @@ def pg_server() -> Iterator[str]:
     try:
         yield server.dsn
     finally:
-        server.stop()
+        server.stop(remove=True)
 
 
 def _with_database(dsn: str, name: str) -> str:

@@ -77,8 +77,10 @@ class LocalServer:
     pg_ctl: str
     prefix: list[str]
 
-    def stop(self) -> None:
+    def stop(self, remove: bool = False) -> None:
         subprocess.run([*self.prefix, self.pg_ctl, "-D", str(self.data), "-m", "fast", "stop"], check=False)
+        if remove:
+            shutil.rmtree(self.data.parent, ignore_errors=True)
 
     def start(self) -> None:
         log = self.data / "server.log"
