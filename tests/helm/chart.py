@@ -121,6 +121,7 @@ VARIANTS: dict[str, Any] = {
     "default": lambda: None,
     "all-options": lambda: ci_values("all-options-values.yaml"),
     "external-redis": lambda: ci_values("external-redis-values.yaml"),
+    "ledger-postgresql": lambda: ci_values("ledger-postgresql-values.yaml"),
 }
 
 

@@ -182,7 +182,10 @@ def test_every_volume_mount_has_a_volume_and_every_reference_resolves(rendered: 
         claims = (
             {
                 c["metadata"]["name"]
-                for c in rendered.one("StatefulSet")["spec"].get("volumeClaimTemplates", [])
+                # this StatefulSet's own claims (Redis, the ledger's PostgreSQL)
+                for c in rendered.one("StatefulSet", where.split(":", 1)[1])["spec"].get(
+                    "volumeClaimTemplates", []
+                )
             }
             if where.startswith("StatefulSet")
             else set()

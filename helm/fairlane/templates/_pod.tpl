@@ -11,6 +11,14 @@
       name: {{ include "fairlane.redis.secretName" . }}
       key: {{ include "fairlane.redis.secretKey" . }}
 {{- end }}
+{{- if include "fairlane.ledger.secretName" . }}
+{{- /* The ledger's DSN (password inside): read by the routers, never written into the RayService. */}}
+- name: FAIRLANE_LEDGER_DSN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "fairlane.ledger.secretName" . }}
+      key: {{ include "fairlane.ledger.secretKey" . }}
+{{- end }}
 {{- if .Values.ray.readOnlyRootFilesystem }}
 - name: XDG_CACHE_HOME
   value: {{ .Values.ray.cacheDir | quote }}
