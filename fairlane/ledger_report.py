@@ -115,11 +115,15 @@ async def gather(
     rng = time_range(query, time.time() - 30 * 86400, time.time())
     store = LedgerStore(dsn)
     try:
-        report = await ledger_sla(store, tenancy, rng, app=app)
+        report, method = await ledger_sla(store, tenancy, rng, app=app)
         results, outcomes = await usage_rows(store, rng, BUCKETS[query.get("bucket_width", "1d")], app=app)
     finally:
         await store.close()
-    return report, results, {"from": rng.start, "to": rng.end, "outcomes": dict(outcomes)}
+    return (
+        report,
+        results,
+        {"from": rng.start, "to": rng.end, "outcomes": dict(outcomes), "percentiles": method},
+    )
 
 
 def render_ledger(
@@ -156,6 +160,7 @@ def render_ledger(
     (out / "usage.csv").write_text(usage_csv(results))
     (out / "usage.json").write_text(json.dumps([asdict(r) for r in results]) + "\n")
     path = out / "report.html"
-    notes = (f"{span}; {sum(meta['outcomes'].values())} requests; read in {took:.2f} s.", *NOTES)
+    requests = sum(meta["outcomes"].values())
+    notes = (f"{span}; {requests} requests; read in {took:.2f} s; percentiles {meta['percentiles']}.", *NOTES)
     path.write_text(page("fairlane ledger report", notes, tables, figures), encoding="utf-8")
     return path

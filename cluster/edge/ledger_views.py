@@ -65,8 +65,9 @@ async def sla(
     if ledger is not None:
         try:
             await ledger.writer.flush()  # this router's own rows first: it reads what it served
-            report = await ledger_sla(ledger.store, core.tenancy.config, rng, ledger.app, tenant_id)
+            report, method = await ledger_sla(ledger.store, core.tenancy.config, rng, ledger.app, tenant_id)
             where = {"source": "ledger", "from": rng.start, "to": rng.end, "router": ledger.router}
+            where["percentiles"] = method
             return JSONResponse(report.to_dict() | where)
         except Exception as exc:  # the database away: this router's memory, said so
             log.warning("ledger report failed (%s); answering from memory", type(exc).__name__)

@@ -1,9 +1,8 @@
 """The SLA report from the ledger: the same report as a router's memory gives, over every router's rows.
 
 Counts, tokens, attainment and cost are sums, so the database adds them per (tenant, class, model)
-and the tenant, class and model groups are summed here. Percentiles do not add up: PostgreSQL
-computes them per group (``percentile_disc``, which is the report's nearest rank); SQLite, the
-embedded default's small file, hands the latencies over and they are ranked here.
+and the tenant, class and model groups are summed here. Percentiles do not add up; they come from
+``quantiles.py``.
 """
 
 from __future__ import annotations
@@ -14,16 +13,14 @@ from dataclasses import dataclass, field
 from sqlalchemy import and_, case, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cluster.ledger.quantiles import GROUPINGS, METRICS, quantiles
 from cluster.ledger.schema import requests as r
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.time_range import TimeRange
-from cluster.telemetry.sla_report import PERCENTILES, GroupReport, SLAReport, percentile
+from cluster.telemetry.sla_report import PERCENTILES, GroupReport, SLAReport
 from tenancy import TenancyConfig
 
-METRICS = ("ttft_s", "tpot_s", "e2e_s")
-GROUPINGS = ("tenant_id", "sla_class", "model")
 REPORT_WORK_MEM = "256MB"  # for this report's transaction only
-Quantiles = dict[str, dict[str, float | None]]  # metric -> {"p50": ...}
 
 
 @dataclass(slots=True)
@@ -101,63 +98,22 @@ async def group_sums(conn: AsyncConnection, clauses: list, config: TenancyConfig
     return list((await conn.execute(query)).all())
 
 
-async def quantiles_pg(conn: AsyncConnection, clauses: list, grouping: str) -> dict[str, Quantiles]:
-    """Per value of ``grouping``: each metric's p50/p95/p99 over successful rows, in the database."""
-    fractions = ", ".join(str(p / 100) for p in PERCENTILES)
-    aggregates = [
-        text(f"percentile_disc(ARRAY[{fractions}]) WITHIN GROUP (ORDER BY {m}) AS {m}") for m in METRICS
-    ]
-    group = r.c[grouping]
-    query = select(group, *aggregates).where(*clauses, r.c.outcome == "ok").group_by(group)
-    out: dict[str, Quantiles] = {}
-    for row in (await conn.execute(query)).all():
-        values = row._mapping
-        out[row[0]] = {
-            m: {f"p{p}": (values[m][i] if values[m] else None) for i, p in enumerate(PERCENTILES)}
-            for m in METRICS
-        }
-    return out
-
-
-async def quantiles_fetched(conn: AsyncConnection, clauses: list) -> dict[str, dict[str, Quantiles]]:
-    """Every grouping's percentiles, ranked here from the successful rows' latencies."""
-    query = select(r.c.tenant_id, r.c.sla_class, r.c.model, *(r.c[m] for m in METRICS)).where(
-        *clauses, r.c.outcome == "ok"
-    )
-    values: dict[str, dict[str, dict[str, list[float]]]] = {g: {} for g in GROUPINGS}
-    for row in (await conn.execute(query)).all():
-        for gi, grouping in enumerate(GROUPINGS):
-            per = values[grouping].setdefault(row[gi], {m: [] for m in METRICS})
-            for mi, m in enumerate(METRICS):
-                if row[3 + mi] is not None:
-                    per[m].append(row[3 + mi])
-    return {
-        g: {
-            key: {m: {f"p{p}": percentile(vs, p) for p in PERCENTILES} for m, vs in metrics.items()}
-            for key, metrics in groups.items()
-        }
-        for g, groups in values.items()
-    }
-
-
 async def ledger_sla(
     store: LedgerStore,
     config: TenancyConfig,
     rng: TimeRange,
     app: str | None = None,
     tenant_id: str | None = None,
-) -> SLAReport:
+) -> tuple[SLAReport, str]:
     """The SLA report over the ledger's rows in ``rng`` (of one app, of one tenant when given: then,
-    as in a router's own report, no model groups)."""
+    as in a router's own report, no model groups), and how its percentiles were ranked."""
     clauses = where(rng, app, tenant_id)
     async with store.connect() as conn:
         if store.dialect == "postgresql":  # the percentiles sort in memory, not in files
             await conn.execute(text(f"SET LOCAL work_mem = '{REPORT_WORK_MEM}'"))
         sums = await group_sums(conn, clauses, config)
-        if store.dialect == "postgresql":
-            quantiles = {g: await quantiles_pg(conn, clauses, g) for g in GROUPINGS}
-        else:
-            quantiles = await quantiles_fetched(conn, clauses)
+        ok_rows = sum(int(row.ok or 0) for row in sums)
+        ranked, method = await quantiles(conn, store.dialect, clauses, ok_rows)
     groups: dict[str, dict[str, Sums]] = {g: defaultdict(Sums) for g in GROUPINGS}
     for row in sums:
         for grouping in GROUPINGS:
@@ -167,7 +123,7 @@ async def ledger_sla(
 
     def report(grouping: str, key: str, tenant: str, sla_class: str, model: str = "*") -> GroupReport:
         s = groups[grouping][key]
-        q = quantiles[grouping].get(key, {m: {f"p{p}": None for p in PERCENTILES} for m in METRICS})
+        q = ranked[grouping].get(key, {m: {f"p{p}": None for p in PERCENTILES} for m in METRICS})
         served = s.requests - s.rejected
         return GroupReport(
             tenant_id=tenant,
@@ -199,4 +155,5 @@ async def ledger_sla(
     seconds = {} if tenant_id is not None else {m: s.replica_seconds for m, s in groups["model"].items()}
     total_seconds = sum(s.replica_seconds for s in groups["model"].values())
     total_cost = sum(s.cost for s in groups["model"].values())
-    return SLAReport(rng.seconds, total_seconds, total_cost, tenants, classes, models, seconds)
+    report = SLAReport(rng.seconds, total_seconds, total_cost, tenants, classes, models, seconds)
+    return report, method

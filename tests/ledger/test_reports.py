@@ -10,6 +10,7 @@ import time
 import pytest
 
 from cluster.errors import BadRequest
+from cluster.ledger import quantiles
 from cluster.ledger.rows import row_from_timing
 from cluster.ledger.sla_query import ledger_sla
 from cluster.ledger.store import LedgerStore
@@ -45,7 +46,8 @@ async def test_the_ledger_report_equals_the_memory_report(dsn: str) -> None:
         await store.insert([row_from_timing(t, "app", "r1", PRICING) for t in records])
         now = time.time()
         rng = TimeRange(now - 3600, now + 60)
-        report = await ledger_sla(store, CONFIG, rng, app="app")
+        report, method = await ledger_sla(store, CONFIG, rng, app="app")
+        assert method == "exact"
         memory = build_report(records, CONFIG, rng.seconds, replica_seconds=1.0, model_replica_seconds={})
         _same_groups(report.tenants, memory.tenants)
         _same_groups(report.classes, memory.classes)
@@ -55,10 +57,10 @@ async def test_the_ledger_report_equals_the_memory_report(dsn: str) -> None:
         seconds = sum((t.end - t.dispatched) / PRICING.room for t in served)
         assert report.replica_seconds == pytest.approx(seconds)
         assert report.gpu_dollars == pytest.approx(seconds * 5.0 / 3600)
-        mine = await ledger_sla(store, CONFIG, rng, app="app", tenant_id="alice")
+        mine, _ = await ledger_sla(store, CONFIG, rng, app="app", tenant_id="alice")
         assert [g.tenant_id for g in mine.tenants] == ["alice"] and mine.models == []
-        assert (await ledger_sla(store, CONFIG, rng, app="other")).tenants == []
-        empty = await ledger_sla(store, CONFIG, TimeRange(now - 7200, now - 3600), app="app")
+        assert (await ledger_sla(store, CONFIG, rng, app="other"))[0].tenants == []
+        empty, _ = await ledger_sla(store, CONFIG, TimeRange(now - 7200, now - 3600), app="app")
         assert empty.tenants == [] and empty.classes == []
     finally:
         await store.close()
@@ -126,3 +128,33 @@ def test_bucket_width_is_an_hour_or_a_day() -> None:
     assert bucket_width({}) == 86400 and bucket_width({"bucket_width": "1h"}) == 3600
     with pytest.raises(BadRequest):
         bucket_width({"bucket_width": "1m"})
+
+
+async def test_past_the_exact_limit_percentiles_are_within_their_bin(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range over EXACT_ROWS successful rows ranks by 0.5 % bins: each percentile within 0.25 %
+    of the exact one, the counts unchanged."""
+    records = timings(800, seed=5)
+    store = LedgerStore(pg_dsn)
+    try:
+        await store.migrate()
+        await store.insert([row_from_timing(t, "app", "r1", PRICING) for t in records])
+        now = time.time()
+        rng = TimeRange(now - 3600, now + 60)
+        exact, method = await ledger_sla(store, CONFIG, rng, app="app")
+        assert method == "exact"
+        monkeypatch.setattr(quantiles, "EXACT_ROWS", 10)
+        binned, method = await ledger_sla(store, CONFIG, rng, app="app")
+        assert method == "histogram"
+        for a, b in zip(
+            exact.tenants + exact.classes + exact.models,
+            binned.tenants + binned.classes + binned.models,
+            strict=True,
+        ):
+            assert (a.requests, a.ok, a.sla_attainment) == (b.requests, b.ok, b.sla_attainment)
+            for metric in LATENCIES:
+                for p, value in getattr(a, metric).items():
+                    assert getattr(b, metric)[p] == pytest.approx(value, rel=0.0026), (a.tenant_id, metric, p)
+    finally:
+        await store.close()
