@@ -37,7 +37,11 @@ def start_ledger(config: AppConfig, app: str, router: str, core: RouterCore) -> 
         room = pool.model.replica_room if pool is not None else 1
         return Pricing(core.tenancy.config.gpu_dollars_per_hour, room)
 
-    ledger = RouterLedger(config, app, router, pricing, core.metrics.registry)
+    try:
+        ledger = RouterLedger(config, app, router, pricing, core.metrics.registry)
+    except Exception as exc:  # an unwritable cache folder: serve, say so, report from memory
+        log.error("ledger off on this router: %s", exc)
+        return None
     core.recorder.sink = ledger.record
     ledger.start()
     return ledger

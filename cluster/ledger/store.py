@@ -8,6 +8,8 @@ queries; only the driver differs (asyncpg, aiosqlite).
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +36,7 @@ PG_INSERT = (
 # Any constant: routers starting together take it, so one applies the migrations and the rest wait.
 MIGRATION_LOCK = 0x6661_6972_6C65  # "fairle"
 CONNECT_TIMEOUT_S = 2.0  # an unreachable database is an outage to spill through, not a long hang
+COMMAND_TIMEOUT_S = 120.0  # the longest report query (a month of rows takes seconds)
 SQLITE_BUSY_MS = 10_000  # routers on one machine share the file: a writer waits its turn
 
 
@@ -59,8 +62,7 @@ def redact(dsn: str) -> str:
 def make_engine(dsn: str) -> AsyncEngine:
     url = engine_url(dsn)
     if url.startswith("sqlite"):
-        path = Path(make_url(url).database or "")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        wal_mode(Path(make_url(url).database or ""))
         engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
         _sqlite_transactions(engine)
         return engine
@@ -68,19 +70,33 @@ def make_engine(dsn: str) -> AsyncEngine:
         url,
         pool_size=4,
         pool_pre_ping=True,
-        connect_args={"timeout": CONNECT_TIMEOUT_S, "command_timeout": 600},
+        connect_args={"timeout": CONNECT_TIMEOUT_S, "command_timeout": COMMAND_TIMEOUT_S},
     )
 
 
+def wal_mode(path: Path) -> None:
+    """Create the file in WAL mode, once, under a file lock. WAL persists in the file; switching a
+    file to it while another connection holds a transaction can deadlock until a busy timeout, so
+    routers starting together take turns here (a blocking moment at start, never later)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = sqlite3.connect(path, timeout=SQLITE_BUSY_MS / 1000)
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+        finally:
+            conn.close()
+
+
 def _sqlite_transactions(engine: AsyncEngine) -> None:
-    """WAL (readers never block the writers of other routers) and BEGIN IMMEDIATE (a transaction
-    takes the write lock at its start, so two routers never deadlock upgrading a read lock)."""
+    """BEGIN IMMEDIATE (a transaction takes the write lock at its start, so two routers never deadlock
+    upgrading a read lock); with WAL, readers never block the writers of other routers."""
 
     @event.listens_for(engine.sync_engine, "connect")
     def _connect(dbapi_connection, _record) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()

@@ -31,8 +31,7 @@ class WriterSettings:
     interval_s: float = 0.2
     batch_rows: int = 500
     retry_s: float = 1.0
-    # Past this many rows in memory, the rest go to the spill file without trying the database.
-    max_pending: int = 100_000
+    write_timeout_s: float = 10.0  # one batch's insert, at most (``LedgerWriter._insert``)
     behind_after_s: float = 5.0  # rows waiting longer than this: /health says "behind"
 
 
@@ -116,19 +115,7 @@ class LedgerWriter:
                     await asyncio.to_thread(self._spill_all)
                 return
             try:
-                if not self.migrated:
-                    await self.store.migrate()
-                    self.migrated = True
-                await self._replay()
-                while self.pending:
-                    size = min(len(self.pending), 4 * self.settings.batch_rows)
-                    batch = [self.pending.popleft() for _ in range(size)]
-                    try:
-                        await self.store.insert(batch)
-                    except BaseException:
-                        self.pending.extendleft(reversed(batch))  # back in order, then spilled below
-                        raise
-                    self._wrote(len(batch))
+                await self._write_all()
                 self._oldest_pending = None
                 self._next_try = 0.0
                 self.last_write = time.time()  # caught up: nothing of this router waits
@@ -137,6 +124,23 @@ class LedgerWriter:
                 self._next_try = time.monotonic() + self.settings.retry_s
                 log.warning("ledger: database write failed (%s): spilling", type(exc).__name__)
                 await asyncio.to_thread(self._spill_all)
+
+    async def _write_all(self) -> None:
+        """Migrate (once), replay spilled rows, then write the queue."""
+        if not self.migrated:
+            async with asyncio.timeout(self.settings.write_timeout_s):
+                await self.store.migrate()
+            self.migrated = True
+        await self._replay()
+        while self.pending:
+            size = min(len(self.pending), 4 * self.settings.batch_rows)
+            batch = [self.pending.popleft() for _ in range(size)]
+            try:
+                await self._insert(batch)
+            except BaseException:  # a timeout's cancel too: the rows go back, in order, to be spilled
+                self.pending.extendleft(reversed(batch))
+                raise
+            self._wrote(len(batch))
 
     def _wrote(self, rows: int) -> None:
         self.written += rows
@@ -163,5 +167,12 @@ class LedgerWriter:
     async def _insert_all(self, rows: list[LedgerRow]) -> None:
         step = 4 * self.settings.batch_rows
         for i in range(0, len(rows), step):
-            await self.store.insert(rows[i : i + step])
+            await self._insert(rows[i : i + step])
             self._wrote(len(rows[i : i + step]))
+
+    async def _insert(self, rows: list[LedgerRow]) -> None:
+        """One bounded write: a batch that takes longer is an outage (a silent network, not only a
+        refused port), spilled rather than waited on. A replay interrupted so is replayed whole
+        later; the insert ignores the rows already stored."""
+        async with asyncio.timeout(self.settings.write_timeout_s):
+            await self.store.insert(rows)
