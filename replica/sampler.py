@@ -24,6 +24,7 @@ import torch
 from replica.sampling_tensors import MAX_CHAIN, SamplingTensors
 
 _MASK32 = 0xFFFFFFFF
+BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
 
 
 def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
@@ -84,8 +85,15 @@ def exponential_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) ->
     token = torch.arange(vocab, device=seed.device, dtype=torch.int64)[None, :]
     key = row_key(seed, position)[:, None]
     bits = _mix32(_mix32(key ^ token * 0x85EBCA77) + key)
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # (0, 1), never 0 or 1
-    return -torch.log(uniform)
+    return -torch.log(uniform_from_bits(bits))
+
+
+def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """A float32 in (0, 1) from the top 24 of 32 hash bits. The top value, (2**24 - 0.5) / 2**24, rounds
+    to 1.0 in float32, which gave E = 0: that token's key became +inf (it won whatever its
+    probability, about once in 2**24 / vocab draws) and a -inf logit's key NaN (a grammar-masked token
+    could win). So it is held at the largest float32 below 1; every other value is unchanged."""
+    return torch.clamp(((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24)), max=BELOW_ONE)
 
 
 def row_key(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,8 @@ def _mix32(x):
 def _gumbel(row_key, ids):
     """-log(E) for E the reference's exponential noise of (row_key, ids)."""
     bits = _mix32(_mix32(row_key ^ (ids.to(tl.uint32) * _u32(0x85EBCA77))) + row_key)
-    uniform = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    # Held below 1 as the reference's (replica/sampler.py uniform_from_bits): the top value rounds to 1.
+    uniform = tl.minimum(((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), 0.99999994)
     return -tl.log(-tl.log(uniform))
 
 
