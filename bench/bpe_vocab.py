@@ -23,7 +23,9 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 END_OF_TEXT = "<|end_of_text|>"
-SPECIALS = ("<|begin_of_text|>", END_OF_TEXT, "<|eot_id|>")
+# Ids 1 and 2 are the random-weight presets' BOS and EOS (replica/presets.py), so an engine's end ids
+# keep their meaning when this tokenizer is attached to one.
+SPECIALS = ("<|pad|>", "<|begin_of_text|>", END_OF_TEXT)
 CORPUS_SUFFIXES = (".py", ".txt", ".rst", ".html")
 MAX_CORPUS_BYTES = 64 << 20  # enough for 128k merges; more only slows training
 
@@ -89,10 +91,18 @@ def hf_tokenizer(vocab_size: int = 128_256):
 
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe_tokenizer(vocab_size),
-        bos_token=SPECIALS[0],
+        pad_token=SPECIALS[0],
+        bos_token=SPECIALS[1],
         eos_token=END_OF_TEXT,
         model_max_length=1 << 20,
     )
+
+
+def attach(engine) -> None:
+    """Give a started random-weight engine this tokenizer at its vocabulary size: it then detokenizes
+    and serves response formats (whose grammars need every id's bytes). Ids the corpus could not
+    fill (past the trained vocabulary) decode to nothing and no grammar allows them."""
+    engine.loaded.tokenizer = hf_tokenizer(engine.loaded.config.vocab_size)
 
 
 def main() -> None:

@@ -32,10 +32,10 @@ from replica.engine_core import EngineCore, _Abort, _Add, _Hold
 from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError, PromptTooLongError
 from replica.generation_defaults import GenerationDefaults
 from replica.grammar_compiler import GrammarCompiler
-from replica.grammar_compiler import available as grammar_available
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput
+from replica.prefix_cache import chain_root
 from replica.sampler import mix_seed
 from replica.sampling_params import SamplingParams
 from replica.scheduler import Scheduler
@@ -152,11 +152,17 @@ class Engine:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def generate(
-        self, prompt: SeqOf[int] | str, params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: SeqOf[int] | str,
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_scope: str = "",
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (each sample's under its `index`); it ends when every sample has.
-        Leaving the loop early aborts the request and frees its KV blocks."""
-        seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex)
+        Leaving the loop early aborts the request and frees its KV blocks. `cache_scope`: whose
+        prefix cache the request may use (the router's tenant or cache group, and a salt); requests
+        of different scopes never share cached blocks."""
+        seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex, cache_scope)
         request_id = seqs[0].request_id
         stream: asyncio.Queue = asyncio.Queue()
         for seq in seqs:  # outputs go to this call's queue, never to a later request of the same id
@@ -201,8 +207,6 @@ class Engine:
         """The engine's grammar compiler, made with the first request that has a response format (the
         grammar library is imported then: without it a replica serves every other request)."""
         if self.core.grammars is None:
-            if not grammar_available():
-                raise InvalidRequestError("response_format needs the xgrammar package on the replica")
             vocab = self.loaded.config.vocab_size
             self.core.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_token_ids)
         return self.core.grammars
@@ -212,7 +216,7 @@ class Engine:
             self.core.inbox.put(_Abort(request_id))
 
     def _admit(
-        self, prompt, params: SamplingParams, request_id: str
+        self, prompt, params: SamplingParams, request_id: str, cache_scope: str = ""
     ) -> tuple[list[Sequence], list[IncrementalDetokenizer | None]]:
         """The request's sequences (one per sample) and their detokenizers, validated."""
         if not self.running:
@@ -227,6 +231,7 @@ class Engine:
         seed = params.seed if params.seed is not None else random.getrandbits(32)
         ban = (() if params.ignore_eos else tuple(sorted(self.core.eos_ids))) + params.stop_token_ids
         arrival = time.monotonic()
+        root = self._cache_root(cache_scope)
         seqs = [
             Sequence(
                 request_id=request_id,
@@ -238,6 +243,7 @@ class Engine:
                 max_len=self.max_model_len,
                 index=index,
                 min_tokens_ban=ban if params.min_tokens else (),
+                cache_root=root,
             )
             for index in range(params.n)
         ]
@@ -249,6 +255,14 @@ class Engine:
             for _ in seqs
         ]
         return seqs, detoks
+
+    def _cache_root(self, scope: str) -> bytes | None:
+        """The root of the request's prefix chain: the weights (name, random or not, seed) and scope."""
+        cfg = self.config
+        if not cfg.enable_prefix_caching:
+            return None
+        model = f"{cfg.model}|{cfg.random_weights}|{cfg.weights_seed}"
+        return chain_root(model, scope)
 
     def _check_params(self, params: SamplingParams) -> None:
         """What only the loaded model and this engine's sizes can tell."""

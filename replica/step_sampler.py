@@ -91,6 +91,8 @@ class StepSampler:
             raw, slots, dev["repetition_penalty"][:rows], dev["frequency_penalty"][:rows],
             dev["presence_penalty"][:rows],
         )  # fmt: skip
+        if logits.data_ptr() == raw.data_ptr():  # float32 model, no penalties (CPU): bias and masks
+            logits = logits.clone()  # write in place below, and logprobs read the raw logits
         self._add_bias(logits, dev, num_bias)
         if num_masks is None or num_masks:
             apply_token_masks(logits, dev["mask_row"][:rows], dev["token_mask"])

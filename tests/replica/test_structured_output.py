@@ -83,8 +83,8 @@ async def test_fifty_sampled_answers_all_parse_and_validate(engine):
 
 
 async def test_json_object_gives_an_object(engine):
-    prompt = _chat(engine, "Give me some JSON about the weather.")
-    params = SamplingParams(max_tokens=150, temperature=0.0, grammar=json_object())
+    prompt = _chat(engine, "Give me a JSON object with two keys, city and temperature, for Paris today.")
+    params = SamplingParams(max_tokens=200, temperature=0.0, grammar=json_object())
     _, text, last = await collect(engine, prompt, params)
     assert last.finish_reason == "stop", text
     assert isinstance(json.loads(text), dict)

@@ -1,0 +1,202 @@
+"""Structured output's cost in throughput: one trace with a JSON schema on every request, then the
+same trace without, on one engine (8B shape, random weights, on the H200).
+
+    python -m bench.structured_output --model llama-3.1-8b --random-weights --device cuda \\
+        --requests 256 --rates inf,20 --json out/structured_output.json
+
+The trace is bench/engine_trace.py's (Poisson arrivals, lognormal prompts, fixed by --seed) with
+sampled requests (--sampling mix: the load generator's mix, 80% tempered; `sampled`: temperature 1,
+top-p 0.95). The constrained run goes first: each request's answer ends where the grammar ends (its
+EOS), so the schema's answers are bounded (strings with maxLength, fixed properties, a short array)
+and --max-tokens only guards. The unconstrained run then asks each request for exactly the tokens
+its constrained twin produced, with EOS ignored, so both runs do the same work and their output
+tok/s compare; the report gives both and the ratio (target ≥ 0.9), the host time per filled mask
+row, and how many constrained answers ended by their grammar.
+
+Random-weight presets ship no tokenizer, and a grammar needs every id's bytes: --tokenizer bpe
+(default) attaches bench/bpe_vocab.py's byte-level BPE at the model's vocabulary size (128,256 for
+the 8B shape: a realistic mask cost; trained on the standard library on first use, about a minute,
+then cached); `word` attaches cluster/text/word_tokenizer.py's generated word tokenizer instead
+(tokens "w<id>" and punctuation: no digits, so the schema then holds only strings, enums of its
+words and arrays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.engine_trace import make_trace, summarise
+from replica.config import EngineConfig
+from replica.engine import Engine
+from replica.grammar_spec import json_schema
+from replica.sampling_params import SamplingParams
+
+# Bounded answers: five properties, strings of at most 16 characters, a short array.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 100000},
+        "title": {"type": "string", "maxLength": 16},
+        "status": {"enum": ["open", "closed", "pending"]},
+        "urgent": {"type": "boolean"},
+        "labels": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    },
+    "required": ["id", "title", "status", "urgent", "labels"],
+    "additionalProperties": False,
+}
+# The word tokenizer has no digits, no true/false and no letters alone: every name and literal must be
+# one of its words (cluster/text/word_tokenizer.py COMMON_WORDS), values strings, enums and arrays.
+WORD_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "word": {"type": "string", "maxLength": 16},
+        "time": {"enum": ["day", "week", "life"]},
+        "place": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    },
+    "required": ["word", "time", "place"],
+    "additionalProperties": False,
+}
+
+
+def attach_tokenizer(engine: Engine, kind: str) -> None:
+    if kind == "bpe":
+        from bench.bpe_vocab import attach
+
+        attach(engine)
+    else:
+        from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
+
+        attach_to_engine(engine, word_tokenizer(engine.loaded.config.vocab_size))
+
+
+def sampling(args, i: int, mixed: dict) -> dict:
+    if args.sampling == "mix":
+        return mixed
+    return {"temperature": 1.0, "top_p": 0.95, "seed": 1000 + i}
+
+
+async def run_once(engine: Engine, trace, args, lengths: list[int] | None, spec) -> tuple[dict, list, list]:
+    """lengths None: the constrained run (grammar on, EOS ends it); else the plain run of those lengths."""
+    engine.core.profiler.records.clear()
+    start = time.perf_counter()
+
+    async def one(i: int, req) -> dict:
+        await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
+        fields = sampling(args, i, req.mixed)
+        if lengths is None:
+            params = SamplingParams(max_tokens=args.max_tokens, grammar=spec, **fields)
+        else:
+            params = SamplingParams(max_tokens=max(lengths[i], 1), ignore_eos=True, **fields)
+        sent = time.perf_counter()
+        stamps: list[float] = []
+        reason = None
+        async for out in engine.generate(req.prompt, params, request_id=f"so-{i}-{sent}"):
+            stamps.extend([time.perf_counter()] * len(out.token_ids))
+            reason = out.finish_reason or reason
+        return {"sent": sent, "stamps": stamps, "reason": reason}
+
+    done = await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+    wall = max(d["stamps"][-1] for d in done) - start
+    return summarise(done, wall, engine.profile_summary()), [len(d["stamps"]) for d in done], done
+
+
+async def run(args) -> dict:
+    engine = Engine(
+        EngineConfig(
+            model=args.model, device=args.device, random_weights=args.random_weights,
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+        )
+    )  # fmt: skip
+    await engine.start()
+    t0 = time.perf_counter()
+    attach_tokenizer(engine, args.tokenizer)
+    tokenizer_s = time.perf_counter() - t0
+    spec = json_schema(SCHEMA if args.tokenizer == "bpe" else WORD_SCHEMA)
+    vocab = engine.loaded.config.vocab_size
+    results: dict = {"tokenizer_s": tokenizer_s}
+    try:
+        warm = make_trace(args, vocab, math.inf)[:8]
+        await run_once(engine, warm, args, None, spec)  # compiles the grammar, warms both paths
+        await run_once(engine, warm, args, [16] * len(warm), spec)
+        for rate_name in args.rates.split(","):
+            rate = math.inf if rate_name == "inf" else float(rate_name)
+            trace = make_trace(args, vocab, rate)
+            grammars = engine.grammars
+            rows0, fill0 = grammars.rows_filled, grammars.fill_seconds
+            constrained, lengths, done = await run_once(engine, trace, args, None, spec)
+            rows, fill = grammars.rows_filled - rows0, grammars.fill_seconds - fill0
+            constrained["grammar_ended"] = sum(d["reason"] == "stop" for d in done)
+            constrained["mask_fill_us_per_row"] = fill / max(rows, 1) * 1e6
+            constrained["mask_rows_filled"] = rows
+            constrained["output_len_mean"] = float(np.mean(lengths))
+            plain, _, _ = await run_once(engine, trace, args, lengths, spec)
+            ratio = constrained["output_tokens_per_s"] / plain["output_tokens_per_s"]
+            results[rate_name] = {"json_schema": constrained, "plain": plain, "ratio": ratio}
+            print(
+                f"[structured] @{rate_name}: json_schema {constrained['output_tokens_per_s']:.0f} tok/s, "
+                f"plain {plain['output_tokens_per_s']:.0f} tok/s, ratio {ratio:.3f} "
+                f"({constrained['grammar_ended']}/{len(trace)} ended by the grammar, "
+                f"{constrained['mask_fill_us_per_row']:.1f} µs per mask row)",
+                flush=True,
+            )
+            if args.json:
+                args.json.write_text(json.dumps(report(args, results, spec), indent=2, default=str))
+    finally:
+        await engine.stop()
+    return report(args, results, spec)
+
+
+def report(args, results: dict, spec) -> dict:
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": platform.node(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "args": vars(args),
+        "schema": json.loads(spec.schema),
+        "results": results,
+    }
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--random-weights", action="store_true")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--tokenizer", choices=("bpe", "word"), default="bpe")
+    p.add_argument("--sampling", choices=("mix", "sampled"), default="mix")
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--rates", default="inf,20", help="requests per second; inf = all at once")
+    p.add_argument("--max-tokens", type=int, default=512, help="a guard: answers end with their grammar")
+    p.add_argument("--prompt-median", type=float, default=400)
+    p.add_argument("--prompt-sigma", type=float, default=0.8)
+    p.add_argument("--prompt-max", type=int, default=3000)
+    # make_trace draws output lengths too; this benchmark does not use them (the grammar decides).
+    p.add_argument("--output-median", type=float, default=200)
+    p.add_argument("--output-sigma", type=float, default=0.7)
+    p.add_argument("--output-max", type=int, default=1200)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    rep = asyncio.run(run(args))
+    if args.json:
+        args.json.write_text(json.dumps(rep, indent=2, default=str))
+    return rep
+
+
+if __name__ == "__main__":
+    main()
