@@ -60,6 +60,9 @@ class EngineConfig:
     # the 8B shape (decode step 27 µs shorter); the down projection's measured even.
     decode_triton_gemms: tuple[str, ...] = ("o",)
     weights_seed: int = 0
+    # Automatic prefix caching (replica/prefix_cache.py): full KV blocks are kept and found again by
+    # a hash chain over their tokens, rooted in the model and the request's cache scope (the tenant).
+    enable_prefix_caching: bool = True
     profile_history: int = 4096  # steps kept by the step profiler
     # The interpreter's thread switch interval while a CUDA engine runs (None: leave Python's 5 ms).
     # The engine thread gives up the GIL at every device call; when the callers' event loop is busy

@@ -248,6 +248,7 @@ class EngineCore:
         out = RequestOutput(
             seq.request_id, token_ids, text, reason, seq.num_prompt, seq.num_output,
             metrics if reason is not None else None, seq.index, logprobs, take_prompt_logprobs(seq),
+            seq.num_cached_tokens,
         )  # fmt: skip
         self._outbox.append((seq, out))
 
@@ -349,4 +350,8 @@ class EngineCore:
             requests_finished=self._finished_count,
             output_tokens_per_s=self.profiler.output_tokens_per_s(),
             mode=self.mode,
+            prompt_tokens=self.scheduler.num_prompt_tokens,
+            cached_prompt_tokens=self.scheduler.num_cached_tokens,
+            kv_blocks_cached=self.blocks.num_cached,
+            kv_evictions=self.blocks.num_evictions,
         )

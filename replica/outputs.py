@@ -41,6 +41,7 @@ class RequestOutput:
     index: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per token in token_ids, when asked for
     prompt_logprobs: list[TokenLogprob | None] | None = None  # once, with the first delivery; [0] is None
+    num_cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -59,4 +60,10 @@ class EngineStats:
     requests_finished: int = 0
     output_tokens_per_s: float = 0.0
     mode: str = "async"
+    # Prefix caching, since start: prompt tokens admitted and those found in the cache (once per
+    # request), registered blocks now, and registered blocks evicted to make room.
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    kv_blocks_cached: int = 0
+    kv_evictions: int = 0
     extra: dict = field(default_factory=dict)

@@ -16,6 +16,13 @@ partial block (copied on the device after that step), and draws its first token 
 Each running sequence owns one row of `block_rows`, a preallocated (max_num_seqs × table width)
 array that mirrors its block table; the input builder gathers a step's tables from it in one
 indexing operation instead of stacking hundreds of per-sequence arrays.
+
+Prefix caching (a sequence with a `cache_root`): on admission a sequence takes the longest run of
+registered blocks that its tokens' chain keys find (never its last token: the step that computes it
+draws the first output) and starts computing after them. Its own full blocks are registered once a
+launched step has written them and the host knows their tokens: at the claim after that step, and
+when it finishes or is preempted (a failed one's blocks are forgotten instead). Registering only
+what an earlier step wrote means a hit never reads keys being written in the same step.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from replica.block_manager import BlockManager
+from replica.prefix_cache import extend_chain
 from replica.sequence import SeqStatus, Sequence
 
 
@@ -82,6 +90,8 @@ class Scheduler:
         self._next_step = 0
         self._reserved_rows = 0  # rows held for the forks of admitted parents
         self._forks: list[Fork] = []  # made while planning the current step
+        self.num_prompt_tokens = 0  # prompt tokens of requests admitted (once each)
+        self.num_cached_tokens = 0  # of those, found in the prefix cache
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -117,16 +127,18 @@ class Scheduler:
                 break
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
                 break
-            remaining = seq.uncomputed()
+            hits = self._lookup(seq)
+            remaining = seq.uncomputed() - len(hits) * self.blocks.block_size
             if has_chunk and budget < remaining <= self.max_num_batched_tokens:
                 # It fits a later step whole. Split, its tail would make the next step one that
                 # continues a prompt, which runs eagerly (no CUDA graph) and is bound by Python.
                 # The next step takes it first: only decodes and over-budget prompts go before it.
                 break
             num_new = min(remaining, budget)
-            if not self.blocks.can_allocate(self._blocks_for(seq, num_new)):
+            if not self.blocks.can_allocate(self._blocks_for(seq, num_new, hits)):
                 break
             self.waiting.popleft()
+            self._admitted(seq, hits)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             self._reserved_rows += len(seq.forks)
@@ -136,13 +148,51 @@ class Scheduler:
             has_chunk = has_chunk or (rule and num_new > 1)
         return self._plan(items) if items else None
 
-    def _blocks_for(self, seq: Sequence, num_new: int) -> int:
-        """Blocks a claim of `num_new` tokens takes, with its forks' partial blocks if it ends the prompt."""
-        needed = self.blocks.blocks_needed(seq.block_table, seq.num_computed + num_new)
-        ends_prompt = seq.num_computed + num_new == seq.num_prompt
+    def _blocks_for(self, seq: Sequence, num_new: int, hits: list[int] | tuple = ()) -> int:
+        """Free blocks a claim of `num_new` tokens takes after `hits` (found blocks, some of them on
+        the free list), with its forks' partial blocks if it ends the prompt."""
+        size = self.blocks.block_size
+        computed = seq.num_computed + len(hits) * size
+        needed = max(0, -(-(computed + num_new) // size) - len(seq.block_table) - len(hits))
+        needed += self.blocks.unheld(hits) if hits else 0
+        ends_prompt = computed + num_new == seq.num_prompt
         if seq.forks and ends_prompt and seq.num_prompt % self.blocks.block_size:
             needed += len(seq.forks)
         return needed
+
+    def _lookup(self, seq: Sequence) -> list[int]:
+        """Registered blocks that hold the start of `seq`'s tokens, short of its last token. Requests
+        whose penalties or prompt logprobs are built from every prompt chunk compute all of it."""
+        whole = seq.penalized or seq.params.prompt_logprobs is not None
+        if seq.cache_root is None or seq.block_table or whole:
+            return []
+        usable = (seq.num_tokens - 1) // self.blocks.block_size
+        extend_chain(seq.block_keys, seq.cache_root, seq.tokens, self.blocks.block_size, usable)
+        return self.blocks.lookup(seq.block_keys[:usable])
+
+    def _admitted(self, seq: Sequence, hits: list[int]) -> None:
+        """Take the found blocks; count a request's prompt and hits on its first admission only (a
+        preempted sequence finding its own blocks again is not a cached prompt)."""
+        if hits:
+            seq.block_table = self.blocks.take(hits)
+            seq.num_computed = seq.num_registered = len(hits)
+            seq.num_computed *= self.blocks.block_size
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = seq.num_computed
+            self.num_prompt_tokens += seq.num_prompt
+            self.num_cached_tokens += seq.num_computed
+
+    def _register(self, seq: Sequence, computed: int) -> None:
+        """Index `seq`'s full blocks among its first `computed` tokens (written by launched steps)
+        whose tokens the host knows (not one still in flight)."""
+        size = self.blocks.block_size
+        full = min(computed, len(seq.tokens)) // size
+        if full <= seq.num_registered:
+            return
+        extend_chain(seq.block_keys, seq.cache_root, seq.tokens, size, full)
+        for i in range(seq.num_registered, full):
+            self.blocks.register(seq.block_table[i], seq.block_keys[i])
+        seq.num_registered = full
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
         """Free blocks for `seq` by preempting the latest arrivals; False if `seq` itself was preempted."""
@@ -156,6 +206,8 @@ class Scheduler:
     def _claim(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         start = seq.num_computed
         had = len(seq.block_table)
+        if seq.cache_root is not None and start >= (seq.num_registered + 1) * self.blocks.block_size:
+            self._register(seq, start)  # what earlier steps wrote; this step's blocks wait for the next
         if start + num_new > had * self.blocks.block_size:  # decodes mostly fit their last block
             self.blocks.allocate(seq.block_table, start + num_new)
             seq.block_array[had : len(seq.block_table)] = seq.block_table[had:]
@@ -180,6 +232,7 @@ class Scheduler:
                 self.blocks.allocate(child.block_table, parent.num_prompt)
                 copy = (parent.block_table[full], child.block_table[full])
             child.num_computed = parent.num_prompt
+            child.num_cached_tokens = parent.num_cached_tokens  # one prompt: the request's figure
             child.status = SeqStatus.RUNNING
             self.running.append(child)
             self._take_row(child)
@@ -216,8 +269,10 @@ class Scheduler:
         self.running.remove(seq)
         self._reserved_rows -= len(seq.forks)  # its forks wait with it (reserved again on admission)
         self._release_row(seq)
+        if seq.cache_root is not None:  # on resume it may find its own blocks
+            self._register(seq, seq.num_computed)
         self.blocks.free(seq.block_table)
-        seq.num_computed = 0
+        seq.num_computed = seq.num_registered = 0
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -231,7 +286,10 @@ class Scheduler:
             self._release_row(seq)
         elif seq.status is SeqStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free(seq.block_table)
+        failed = reason == "error"  # the step that wrote its blocks may have failed: not to be found
+        if seq.cache_root is not None and not failed and seq.block_table:
+            self._register(seq, seq.num_computed)
+        self.blocks.free(seq.block_table, forget=failed)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 

@@ -57,6 +57,13 @@ class Sequence:
     grammar_done: bool = False
     grammar_error: str | None = None
     prompt_logprobs_sent: bool = False
+    # Prefix caching (replica/prefix_cache.py): the chain's root (None: caching off), the keys of the
+    # full blocks hashed so far, how many of the table's blocks are registered, and the prompt
+    # tokens a lookup found in the cache at first admission (reported as cached tokens).
+    cache_root: bytes | None = None
+    block_keys: list[bytes] = field(default_factory=list)
+    num_registered: int = 0
+    num_cached_tokens: int = 0
     # temperature, top_k, top_p, min_p, seed and the three penalties as one row (exact in float64:
     # the seed has 32 bits); the input builder reads this one tuple per sequence.
     sampling_row: tuple[float, ...] = field(init=False)
