@@ -100,6 +100,12 @@ class Tenant(_Frozen):
     cost_per_million_tokens: float | None = Field(
         default=None, ge=0, description="Price billed per million tokens (USD), if the tenant is billed."
     )
+    cache_group: str | None = Field(
+        default=None,
+        pattern=TENANT_ID_PATTERN,
+        description="Tenants of one cache group share cached prompt blocks (the operator declares a "
+        "shared prefix); None = the tenant's cache is its own.",
+    )
     models: tuple[str, ...] | None = Field(
         default=None,
         description="Served models (the requests' `model`) this tenant may use; None = every model.",

@@ -55,6 +55,7 @@ class Job:
     sampling: dict[str, Any]
     coalesce_s: float = 0.0
     user: str | None = None  # the request's OpenAI `user`: recorded with its timing, nothing else
+    cache_salt: str | None = None  # vLLM's cache_salt: only requests with the same salt share cached blocks
 
     @property
     def max_tokens(self) -> int:
@@ -138,7 +139,15 @@ class RequestRunner:
         for attempt in range(self.timeouts.first_token_retries + 1):
             engine_id = job.request_id if attempt == 0 else f"{job.request_id}-r{attempt}"
             active.stream = self._replicas.generate.remote(
-                GenerateArgs(engine_id, job.prompt_ids, job.sampling, coalesce_s)
+                GenerateArgs(
+                    engine_id,
+                    job.prompt_ids,
+                    job.sampling,
+                    coalesce_s,
+                    tenant=job.tenant.id,
+                    cache_group=job.tenant.cache_group,
+                    cache_salt=job.cache_salt,
+                )
             )
             try:
                 active.first = await active.next_item(self.timeouts.first_token_s)
@@ -220,6 +229,7 @@ class ActiveRequest:
         if t.first_token is None and item["token_ids"]:
             t.first_token = time.monotonic()
         t.replica_id = item.get("replica_id", t.replica_id)
+        t.cached_tokens = item.get("num_cached_tokens", t.cached_tokens)
         if new > 0:
             self.gaps.add(time.monotonic(), new)
             t.output_tokens = item["total_output_tokens"]

@@ -68,7 +68,9 @@ class ReplicaServer:
         self._waiting_tokens += pending
         started = False
         try:
-            stream = self._engine.generate(args.prompt_ids, params, request_id=args.request_id)
+            stream = self._engine.generate(
+                args.prompt_ids, params, request_id=args.request_id, cache_scope=args.cache_scope()
+            )
             held: dict[int, dict[str, Any]] = {}  # per choice, outputs not sent yet
             counts = [0] * params.n
             open_choices = params.n
@@ -116,6 +118,10 @@ class ReplicaServer:
             "kv_blocks_free": s.kv_blocks_free,
             "num_preemptions": s.num_preemptions,
             "output_tokens_per_s": s.output_tokens_per_s,
+            "prompt_tokens": s.prompt_tokens,  # since start, and of those found in the prefix cache
+            "cached_prompt_tokens": s.cached_prompt_tokens,
+            "kv_blocks_cached": s.kv_blocks_cached,
+            "kv_evictions": s.kv_evictions,
             "rss_bytes": rss_bytes(),
         }
 

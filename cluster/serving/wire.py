@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,17 @@ class GenerateArgs:
     # Seconds to gather outputs after the first before yielding: non-streamed responses need no
     # per-token messages, and each message costs CPU in the replica, Serve and the router.
     coalesce_s: float = 0.0
+    # Prefix caching: whose cached prompt blocks the request may use. The tenant's own unless the
+    # operator put it in a cache group (tenancy YAML `cache_group`); a cache_salt narrows either.
+    tenant: str | None = None
+    cache_group: str | None = None
+    cache_salt: str | None = None
+
+    def cache_scope(self) -> str:
+        """The engine's opaque cache scope. Groups and tenants are tagged apart, so a tenant named
+        like some group never shares that group's blocks; no tenant (a direct caller) is one scope."""
+        owner = ["group", self.cache_group] if self.cache_group is not None else ["tenant", self.tenant]
+        return json.dumps([*owner, self.cache_salt])
 
 
 def output_item(out: RequestOutput, replica_id: str, total_output_tokens: int, done: bool) -> dict[str, Any]:
@@ -32,6 +44,7 @@ def output_item(out: RequestOutput, replica_id: str, total_output_tokens: int, d
         "finish_reason": out.finish_reason,
         "num_prompt_tokens": out.num_prompt_tokens,
         "num_output_tokens": out.num_output_tokens,
+        "num_cached_tokens": out.num_cached_tokens,
         "total_output_tokens": total_output_tokens,
         "done": done,
         "replica_id": replica_id,

@@ -30,6 +30,13 @@ class ClusterMetrics:
             "fairlane_prompt_tokens", "Prompt tokens of served requests.", TENANT, registry=r
         )
         self.output_tokens = Counter("fairlane_output_tokens", "Output tokens streamed.", TENANT, registry=r)
+        # A tenant's prefix-cache hit rate: rate(fairlane_cached_prompt_tokens) / rate(fairlane_prompt_tokens)
+        self.cached_prompt_tokens = Counter(
+            "fairlane_cached_prompt_tokens",
+            "Prompt tokens of served requests found in the replica's prefix cache.",
+            TENANT,
+            registry=r,
+        )
         self.ttft = Histogram(
             "fairlane_ttft_seconds", "Time to first token.", TENANT, buckets=LATENCY_BUCKETS, registry=r
         )
@@ -67,6 +74,28 @@ class ClusterMetrics:
             "fairlane_replica_waiting", "Waiting sequences per replica.", REPLICA, registry=r
         )
         self.kv_usage = Gauge("fairlane_replica_kv_usage", "Share of KV blocks in use.", REPLICA, registry=r)
+        # Prefix caching per replica, since the replica started (its engine's counts, read with its load).
+        self.replica_hit_rate = Gauge(
+            "fairlane_replica_prefix_cache_hit_rate",
+            "Prompt tokens found in the prefix cache / prompt tokens admitted, since the replica started.",
+            REPLICA,
+            registry=r,
+        )
+        self.replica_cached_tokens = Gauge(
+            "fairlane_replica_cached_prompt_tokens",
+            "Prompt tokens found in the prefix cache since the replica started.",
+            REPLICA,
+            registry=r,
+        )
+        self.replica_evictions = Gauge(
+            "fairlane_replica_kv_evictions",
+            "Cached KV blocks evicted to make room since the replica started.",
+            REPLICA,
+            registry=r,
+        )
+        self.replica_blocks_cached = Gauge(
+            "fairlane_replica_kv_blocks_cached", "KV blocks in the prefix cache.", REPLICA, registry=r
+        )
         self.busy = Gauge(
             "fairlane_replica_device_busy_fraction",
             "Device busy share (engine profiler).",
@@ -99,6 +128,7 @@ class ClusterMetrics:
             return
         self.requests.labels(*labels, t.outcome or "error").inc()
         self.prompt_tokens.labels(*labels).inc(t.prompt_tokens)
+        self.cached_prompt_tokens.labels(*labels).inc(t.cached_tokens)
         for hist, value in (
             (self.ttft, t.ttft),
             (self.tpot, t.tpot),
@@ -122,6 +152,11 @@ class ClusterMetrics:
         self.replica_waiting.labels(*labels).set(load.get("waiting", 0))
         total = load.get("kv_blocks_total") or 0
         self.kv_usage.labels(*labels).set(load.get("kv_blocks_used", 0) / total if total else 0.0)
+        prompt, cached = load.get("prompt_tokens", 0), load.get("cached_prompt_tokens", 0)
+        self.replica_hit_rate.labels(*labels).set(cached / prompt if prompt else 0.0)
+        self.replica_cached_tokens.labels(*labels).set(cached)
+        self.replica_evictions.labels(*labels).set(load.get("kv_evictions", 0))
+        self.replica_blocks_cached.labels(*labels).set(load.get("kv_blocks_cached", 0))
 
     def observe_profile(self, profile: dict, model: str) -> None:
         busy = profile.get("device_busy_fraction")

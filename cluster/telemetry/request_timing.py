@@ -32,6 +32,7 @@ class RequestTiming:
     key_id: str = ""  # the API key's short id (cluster/ledger/rows.py), never the key
     itl_p99: float | None = None  # the 99th percentile of inter-token gaps, set at the end
     user: str | None = None  # the end user the client named (OpenAI's `user`), within its tenant
+    cached_tokens: int = 0  # prompt tokens the replica found in its prefix cache
 
     @property
     def ttft(self) -> float | None:
