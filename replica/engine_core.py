@@ -70,6 +70,7 @@ class EngineCore:
         self.scheduler = scheduler
         self.blocks: BlockManager = scheduler.blocks
         self.eos_ids = eos_ids
+        self._eos_frozen = frozenset(eos_ids)
         self.mode = mode
         self.profiler = StepProfiler(profile_history)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -167,7 +168,7 @@ class EngineCore:
         def masks(layout: StepLayout, buf: StepBuffers) -> int:
             if inflight is not None and not early and needs_previous(plan.sample_seqs, layout.grammar_rows):
                 early.append(self._read(inflight))
-            mask = buf.host["token_mask"]
+            mask = buf.np["token_mask"]
             return fill_masks(plan.sample_seqs, layout.grammar_rows, buf.np, mask, self.grammars)
 
         try:
@@ -190,7 +191,7 @@ class EngineCore:
             return _Read(None, exc, t0, time.perf_counter())
         t1 = time.perf_counter()
         if self.num_constrained:  # else nothing to advance: unconstrained traffic pays nothing here
-            advance_matchers(handle.plan.sample_seqs, result.tokens)
+            advance_matchers(handle.plan.sample_seqs, result.tokens, self._eos_frozen)
         return _Read(result, None, t0, t1)
 
     def _finish(self, handle: StepHandle, read: _Read) -> None:

@@ -1,17 +1,22 @@
-"""Grammars for structured output, with xgrammar: compile once per schema, one matcher per sequence.
+"""Grammars for structured output, with llguidance: compile once per schema, one matcher per sequence.
 
-The one module that imports the grammar library, and only when a request first asks for a response
-format, so a replica without the library serves plain requests. Why xgrammar: it filled a 128,256-id
-token mask for a typical JSON schema in the fewest microseconds of the three maintained libraries
-(docs/engine.md, "Structured output"; docs/bench/cpu_grammar_mask_cost.json).
+The one module of the engine that imports the grammar library, and only on the compile thread when
+a request first asks for a response format, so a replica without the library serves plain
+requests. Why llguidance: of the three maintained libraries it filled a 128,256-id token mask for a
+batch of 32 sequences in the fewest microseconds per row, for a JSON schema and for any JSON object
+(docs/engine.md, "Structured output"; docs/bench/cpu_grammar_mask_cost.json). It also imports no
+torch, so the router checks schemas with it too (cluster/edge/response_format.py).
 
-- The tokenizer's info (every id's bytes, the model's vocabulary size, its EOS ids) is built once,
-  on the compile thread, the first time it is needed (about half a second for 128k ids).
+- The tokenizer's view (every id's bytes, the model's vocabulary size, the EOS ids) is built once,
+  on the compile thread, the first time it is needed (about a second for 128k ids).
 - Compiling runs on a thread of its own, never on the engine's step loop or an event loop; results
   are kept in an LRU keyed by the spec (compact JSON), so a repeated schema compiles once. A
-  schema the library refuses fails its future with InvalidRequestError (HTTP 400).
-- Whitespace is bounded (MAX_WHITESPACE per gap): a model may pretty-print, but it cannot fill its
-  whole answer with spaces and never close the object.
+  schema the library refuses fails its future with InvalidRequestError (HTTP 400). A compiled
+  grammar is a matcher at its start; each sequence gets a copy.
+- Whitespace between JSON tokens is bounded (at most MAX_WHITESPACE characters per gap): a model may
+  pretty-print, but it cannot fill its answer with spaces and never close the object.
+- Masks of a step's constrained rows are filled on llguidance's thread pool, in one call that drops
+  the interpreter lock.
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ from replica.errors import InvalidRequestError
 from replica.grammar_spec import GrammarSpec
 
 CACHE_SIZE = 128  # compiled grammars kept (a compiled JSON schema is tens of KB to a few MB)
-MAX_WHITESPACE = 8  # spaces or newlines in one gap between JSON tokens (pretty-printing to depth 3)
-PARALLEL_FILL_ROWS = 4  # from this many constrained rows a step fills masks on the thread pool
+MAX_WHITESPACE = 8  # characters in one gap between JSON tokens (pretty-printing to depth 3)
+JSON_OPTIONS = {
+    "whitespace_flexible": True,
+    "whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{1,{MAX_WHITESPACE}}}",
+}
 
 
 class GrammarCompiler:
-    """One per engine: the tokenizer's info, the compile thread, the LRU and the fill pool."""
+    """One per engine: the tokenizer's view, the compile thread, the LRU and the fill pool."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...], threads: int = 0) -> None:
         self._tokenizer = tokenizer
@@ -44,8 +52,8 @@ class GrammarCompiler:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fairlane-grammar")
         self._lock = threading.Lock()
         self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
-        self._compiler = None  # built on the compile thread
-        self._batch = None  # xgrammar's batch filler, built with the compiler
+        self._ll_tokenizer = None  # built on the compile thread
+        self._executor = None  # llguidance's fill pool, built with it
         self.compiles = 0  # grammars compiled (cache misses)
         self.rows_filled = 0  # mask rows filled, and the host seconds they took (benchmarks read them)
         self.fill_seconds = 0.0
@@ -71,44 +79,44 @@ class GrammarCompiler:
 
     def _compile(self, spec: GrammarSpec):
         self.compiles += 1
-        compiler = self._ensure_compiler()
-        strict = spec.kind == "json_schema"  # json_object: any properties of any JSON object
-        try:
-            return compiler.compile_json_schema(
-                spec.schema, any_whitespace=True, max_whitespace_cnt=MAX_WHITESPACE, strict_mode=strict
-            )
-        except (RuntimeError, ValueError) as exc:
-            raise InvalidRequestError(f"response_format: the JSON schema cannot be compiled: {exc}") from None
+        tokenizer = self._ensure_tokenizer()
+        import llguidance
 
-    def _ensure_compiler(self):
-        if self._compiler is None:
-            try:  # imported here, on the compile thread: it takes a second the first time
-                import xgrammar as xgr
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(spec.schema, defaults=JSON_OPTIONS)
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            error = matcher.get_error()
+            raise InvalidRequestError(f"response_format: the JSON schema cannot be compiled: {error}")
+        return matcher
+
+    def _ensure_tokenizer(self):
+        if self._ll_tokenizer is None:
+            try:  # imported here, on the compile thread
+                import llguidance
+                import llguidance.hf
             except ImportError:
-                raise InvalidRequestError("response_format needs the xgrammar package here") from None
+                raise InvalidRequestError("response_format needs the llguidance package here") from None
             if self._tokenizer is None:
                 raise InvalidRequestError("response_format needs the model's tokenizer; this model has none")
-            info = xgr.TokenizerInfo.from_huggingface(
-                self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._eos_ids
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                self._tokenizer, n_vocab=self._vocab_size, eos_token=self._eos_ids
             )
-            self._compiler = xgr.GrammarCompiler(info, max_threads=self._threads, cache_enabled=False)
-            self._batch = xgr.BatchGrammarMatcher(max_threads=self._threads)
-        return self._compiler
+            self._executor = llguidance.LLExecutor(num_threads=self._threads)
+        return self._ll_tokenizer
 
     def matcher(self, compiled) -> Any:
         """A fresh matcher at the grammar's start (one per sequence; n > 1 gets one per sample)."""
-        import xgrammar as xgr
+        return compiled.deep_copy()
 
-        return xgr.GrammarMatcher(compiled)
+    def fill(self, matchers: list, mask: np.ndarray) -> None:
+        """Row i of `mask` (int32, [rows >= len(matchers), words], contiguous) gets matchers[i]'s
+        allowed tokens."""
+        import llguidance.numpy
 
-    def fill(self, matchers: list, mask: Any) -> None:
-        """Row i of `mask` (a CPU int32 tensor, [rows, words]) gets matchers[i]'s allowed tokens."""
         t0 = time.perf_counter()
-        if len(matchers) >= PARALLEL_FILL_ROWS:
-            self._batch.batch_fill_next_token_bitmask(matchers, mask)
-        else:
-            for row, matcher in enumerate(matchers):
-                matcher.fill_next_token_bitmask(mask, row)
+        llguidance.numpy.fill_next_token_bitmask_par(
+            self._executor, [(m, i) for i, m in enumerate(matchers)], mask
+        )
         self.rows_filled += len(matchers)
         self.fill_seconds += time.perf_counter() - t0
 
@@ -118,15 +126,16 @@ class GrammarCompiler:
 
 def accept(matcher: Any, token: int) -> bool:
     """Advance a matcher by the token its sequence drew; False if the grammar refuses it."""
-    return bool(matcher.accept_token(token))
+    return bool(matcher.consume_token(token))
 
 
-def terminated(matcher: Any) -> bool:
-    """The grammar is complete and its end (an EOS id) accepted: nothing may follow."""
-    return bool(matcher.is_terminated())
+def terminated(matcher: Any, token: int, eos_ids: frozenset[int]) -> bool:
+    """The grammar took its end: an EOS id, allowed only once the answer is complete. (A matcher that
+    can take nothing more but EOS is not done: its next mask allows only EOS.)"""
+    return token in eos_ids and bool(matcher.is_stopped())
 
 
 def allowed_ids(mask_row: np.ndarray, vocab: int) -> np.ndarray:
     """The ids a packed mask row allows (tests and debugging)."""
-    bits = np.unpackbits(mask_row.view(np.uint8), bitorder="little")[:vocab]
+    bits = np.unpackbits(np.ascontiguousarray(mask_row).view(np.uint8), bitorder="little")[:vocab]
     return np.flatnonzero(bits)

@@ -30,7 +30,7 @@ def constrained_rows(seqs: list[Sequence]) -> list[int]:
 
 def fill_masks(seqs: list[Sequence], rows: list[int], arrays: dict[str, np.ndarray], mask, grammars) -> int:
     """Point each constrained row at its mask row and fill those; returns the mask rows used.
-    `mask` is the IO set's host `token_mask` tensor, `grammars` the engine's GrammarCompiler."""
+    `mask` is the IO set's host `token_mask` array, `grammars` the engine's GrammarCompiler."""
     live = [r for r in rows if not seqs[r].grammar_done]  # one may have ended since the plan
     for k, r in enumerate(live):
         arrays["mask_row"][r] = k
@@ -65,7 +65,7 @@ def needs_previous(seqs: list[Sequence], rows: list[int]) -> bool:
     return any(seqs[r].num_pending > 1 for r in rows)
 
 
-def advance_matchers(seqs: list[Sequence], tokens: np.ndarray) -> None:
+def advance_matchers(seqs: list[Sequence], tokens: np.ndarray, eos_ids: frozenset[int]) -> None:
     """Feed a step's drawn tokens to its constrained sequences' matchers, as soon as they arrive."""
     for seq, token in zip(seqs, tokens.tolist(), strict=True):
         if seq.matcher is None or seq.grammar_done or seq.finished or seq.params.max_tokens == 0:
@@ -73,5 +73,5 @@ def advance_matchers(seqs: list[Sequence], tokens: np.ndarray) -> None:
         if not accept(seq.matcher, token):
             seq.grammar_done = True
             seq.grammar_error = f"the response format's grammar refused token {token}"
-        elif terminated(seq.matcher):
+        elif terminated(seq.matcher, token, eos_ids):
             seq.grammar_done = True

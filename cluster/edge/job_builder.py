@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from cluster.config import AppConfig
 from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
+from cluster.edge.response_format import check_grammar
 from cluster.errors import BadRequest, NotFound
 from cluster.routing.request_flow import Job
 from cluster.text.prompts import PromptEncoder
@@ -39,6 +40,7 @@ class JobBuilder:
         if body.n > self._cfg.max_n:
             raise BadRequest(f"n is at most {self._cfg.max_n} on this server", code="invalid_n", param="n")
         sampling = {**body.sampling_fields(), **self._checkpoint_defaults(body)}
+        await check_grammar(sampling["grammar"])  # a bad schema: a 400 that points into it
         if isinstance(body, ChatCompletionRequest):
             messages = body.template_messages()
             chars = sum(len(m["content"]) for m in messages)

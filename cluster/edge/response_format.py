@@ -5,25 +5,33 @@
 schema. The replica enforces it by grammar-constrained decoding (replica/grammar_compiler.py), in
 strict form whatever `strict` says (a non-strict answer is a strict one that could be wrong).
 
-The router refuses a bad schema with a 400 that points into it (`param`
-"response_format.json_schema.schema", a JSON pointer in the message) before any quota is taken.
-It does not compile the grammar: the grammar library (xgrammar) imports torch, which no router
-process loads (tests/layout). So the router checks the schema against its own metaschema with
-`jsonschema` (Draft 2020-12 unless the schema's `$schema` names another) and resolves every `$ref`
-inside it; what only the compiler can refuse (a pattern it cannot parse, say) comes back from the
-replica as an invalid request, also a 400.
+The router refuses a bad schema with a 400 (`param` "response_format.json_schema.schema") before any
+quota is taken, in two checks: `jsonschema` against the schema's metaschema (Draft 2020-12 unless its
+`$schema` names another) with every `$ref` resolved inside it, whose message gives a JSON pointer
+into the schema; then the grammar library itself (llguidance) builds the grammar without a
+tokenizer, which refuses what it cannot enforce. The library is used here only because it imports
+no torch (no router process loads torch: tests/layout); were it ever to, the router would skip that
+check (it looks at sys.modules) and the replica's compile error would still come back as a 400.
+Both checks are cached per schema text.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import sys
+from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.errors import BadRequest
+from replica.grammar_compiler import JSON_OPTIONS
 from replica.grammar_spec import MAX_SCHEMA_CHARS, compact
 
+log = logging.getLogger(__name__)
 PARAM = "response_format.json_schema.schema"
 DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # values there are data, not schemas
 
@@ -58,37 +66,79 @@ class ResponseFormat(BaseModel):
 
 def grammar_fields(fmt: ResponseFormat | None) -> dict[str, str] | None:
     """The `grammar` sampling field (replica.grammar_spec's wire form) of a response format, or None
-    for plain text. Raises BadRequest for a schema the replica could not enforce."""
+    for plain text. Not checked yet: `check_grammar` does that, off the event loop."""
     if fmt is None or fmt.type == "text":
         return None
     schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
     if fmt.type == "json_object" or schema is None:
         return {"kind": "json_object"}
-    check_schema(schema)
     return {"kind": "json_schema", "schema": compact(schema)}
 
 
-def check_schema(schema: dict[str, Any]) -> None:
-    """Refuse (BadRequest) a schema that is too large, breaks its metaschema, or has a `$ref` that
-    resolves nowhere; the message names the place by JSON pointer."""
+async def check_grammar(fields: dict[str, str] | None) -> None:
+    """Raise BadRequest for a schema the replica could not enforce. The checks run on a worker thread
+    (a large schema takes milliseconds), so the router's event loop never waits on them."""
+    if fields is None or fields["kind"] != "json_schema":
+        return
+    problem = await asyncio.to_thread(schema_problem, fields["schema"])
+    if problem is not None:
+        raise BadRequest(problem, code="invalid_json_schema", param=PARAM)
+
+
+@lru_cache(maxsize=256)
+def schema_problem(text: str) -> str | None:
+    """Why the schema (compact JSON text) cannot be enforced, or None; cached per schema."""
+    if len(text) > MAX_SCHEMA_CHARS:
+        return _at("", f"the schema is over {MAX_SCHEMA_CHARS} characters")
+    return _metaschema_problem(json.loads(text)) or _library_problem(text)
+
+
+def _metaschema_problem(schema: dict[str, Any]) -> str | None:
+    """The schema against its metaschema, and every `$ref` resolved; the message points into it."""
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import Draft202012Validator, validator_for
 
-    if len(compact(schema)) > MAX_SCHEMA_CHARS:
-        raise _bad("", f"the schema is over {MAX_SCHEMA_CHARS} characters")
     try:
         validator_for(schema, default=Draft202012Validator).check_schema(schema)
     except SchemaError as exc:
-        raise _bad(_pointer(exc.path), exc.message) from None
+        return _at(_pointer(exc.path), exc.message)
     for where, ref in _refs(schema, ()):
         if not _resolves(schema, ref):
-            raise _bad(
+            return _at(
                 _pointer(where), f"$ref {ref!r} resolves nowhere in the schema (only local refs, #/...)"
             )
+    return None
 
 
-def _bad(pointer: str, message: str) -> BadRequest:
-    return BadRequest(f"{PARAM} at '{pointer or '/'}': {message}", code="invalid_json_schema", param=PARAM)
+def _library_problem(text: str) -> str | None:
+    """The grammar library's own verdict (no tokenizer needed), where it runs torch-free here."""
+    library = _grammar_library()
+    if library is None:
+        return None
+    try:
+        grammar = library.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+    except ValueError as exc:
+        return _at("", str(exc))
+    is_error, messages = library.LLMatcher.validate_grammar_with_warnings(grammar)
+    return _at("", f"the grammar cannot be built: {messages[0]}") if is_error else None
+
+
+@lru_cache(maxsize=1)
+def _grammar_library():
+    """llguidance, if installed and torch-free; else None (the replica reports compile errors)."""
+    had_torch = "torch" in sys.modules
+    try:
+        import llguidance
+    except ImportError:
+        return None
+    if not had_torch and "torch" in sys.modules:
+        log.warning("llguidance imported torch: the router leaves grammar checks to the replicas")
+        return None
+    return llguidance
+
+
+def _at(pointer: str, message: str) -> str:
+    return f"{PARAM} at '{pointer or '/'}': {message}"
 
 
 def _pointer(path) -> str:

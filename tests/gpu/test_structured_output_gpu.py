@@ -25,7 +25,7 @@ from replica.grammar_masks import apply_token_masks
 from replica.grammar_spec import json_object, json_schema
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-pytest.importorskip("xgrammar")
+pytest.importorskip("llguidance")
 
 SCHEMA = {
     "type": "object",

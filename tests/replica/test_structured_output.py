@@ -14,7 +14,7 @@ from replica import Engine, EngineConfig, InvalidRequestError, SamplingParams
 from replica.grammar_spec import json_object, json_schema
 from tests.replica.conftest import collect
 
-pytest.importorskip("xgrammar")
+pytest.importorskip("llguidance")
 
 PERSON = {
     "type": "object",
@@ -129,7 +129,10 @@ async def test_sync_and_async_modes_give_the_same_constrained_answers(engine):
 
 
 async def test_a_schema_compiles_once(engine):
-    spec = json_schema({"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]})
+    boolean = {"type": "boolean"}
+    spec = json_schema(
+        {"type": "object", "properties": {"x": boolean}, "required": ["x"], "additionalProperties": False}
+    )
     prompt = _chat(engine, "JSON with x.")
     await collect(engine, prompt, SamplingParams(max_tokens=20, temperature=0.0, grammar=spec))
     compiles = engine.grammars.compiles
