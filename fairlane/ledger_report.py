@@ -16,10 +16,10 @@ import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
-from cluster.ledger.sla_query import ledger_sla
+from cluster.ledger.sla_query import ledger_report
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.time_range import BUCKETS, time_range
-from cluster.ledger.usage_query import UsageResult, usage_csv, usage_rows
+from cluster.ledger.usage_query import UsageResult, usage_csv, usage_results
 from cluster.telemetry.sla_report import GroupReport, SLAReport
 from loadtest.html_report import page, print_tables
 from tenancy import TenancyConfig, default_tenancy_config, load_tenancy_config
@@ -115,15 +115,13 @@ async def gather(
     rng = time_range(query, time.time() - 30 * 86400, time.time())
     store = LedgerStore(dsn)
     try:
-        report, method = await ledger_sla(store, tenancy, rng, app=app)
-        results, outcomes = await usage_rows(store, rng, BUCKETS[query.get("bucket_width", "1d")], app=app)
+        width = BUCKETS[query.get("bucket_width", "1d")]
+        both = await ledger_report(store, tenancy, rng, app=app, width=width)
     finally:
         await store.close()
-    return (
-        report,
-        results,
-        {"from": rng.start, "to": rng.end, "outcomes": dict(outcomes), "percentiles": method},
-    )
+    results, outcomes = usage_results(both.sums, width)
+    meta = {"from": rng.start, "to": rng.end, "outcomes": dict(outcomes), "percentiles": both.percentiles}
+    return both.sla, results, meta
 
 
 def render_ledger(
@@ -161,6 +159,6 @@ def render_ledger(
     (out / "usage.json").write_text(json.dumps([asdict(r) for r in results]) + "\n")
     path = out / "report.html"
     requests = sum(meta["outcomes"].values())
-    notes = (f"{span}; {requests} requests; read in {took:.2f} s; percentiles {meta['percentiles']}.", *NOTES)
+    notes = (f"{span}; {requests} requests; read in {took:.2f} s; {meta['percentiles']} percentiles.", *NOTES)
     path.write_text(page("fairlane ledger report", notes, tables, figures), encoding="utf-8")
     return path

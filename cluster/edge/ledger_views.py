@@ -88,7 +88,8 @@ async def usage_answer(
     if ledger is not None:
         try:
             await ledger.writer.flush()
-            results, outcomes = await usage_rows(ledger.store, rng, width, ledger.app, tenant_id)
+            config = core.tenancy.config
+            results, outcomes = await usage_rows(ledger.store, rng, width, config, ledger.app, tenant_id)
             if query.get("format") == "csv":
                 return Response(usage_csv(results), media_type="text/csv")
             page = usage_page(results, outcomes, rng, width)

@@ -1,8 +1,8 @@
 """The SLA report from the ledger: the same report as a router's memory gives, over every router's rows.
 
-Counts, tokens, attainment and cost are sums, so the database adds them per (tenant, class, model)
-and the tenant, class and model groups are summed here. Percentiles do not add up; they come from
-``quantiles.py``.
+Two statements: the sums (``summary.py``), folded here into the tenant, class and model groups
+(and into usage buckets when asked), then the percentiles (``quantiles.py``), which do not add up
+and are ranked per group (how depends on the successful rows the sums counted).
 """
 
 from __future__ import annotations
@@ -10,17 +10,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, case, func, or_, select, text
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from cluster.ledger.quantiles import GROUPINGS, METRICS, quantiles
-from cluster.ledger.schema import requests as r
+from cluster.ledger.quantiles import GROUPINGS, METRICS, Ranked, quantiles
 from cluster.ledger.store import LedgerStore
+from cluster.ledger.summary import SumRow, summary, where
 from cluster.ledger.time_range import TimeRange
 from cluster.telemetry.sla_report import PERCENTILES, GroupReport, SLAReport
 from tenancy import TenancyConfig
 
-REPORT_WORK_MEM = "256MB"  # for this report's transaction only
+NO_QUANTILES = {m: {f"p{p}": None for p in PERCENTILES} for m in METRICS}
 
 
 @dataclass(slots=True)
@@ -30,100 +27,64 @@ class Sums:
     requests: int = 0
     ok: int = 0
     rejected: int = 0
-    tokens: int = 0
     output_tokens: int = 0
     met: int = 0
     cost: float = 0.0
     replica_seconds: float = 0.0
     classes: dict[str, int] = field(default_factory=dict)
 
-    def add(self, row, sla_class: str) -> None:
-        # int()/float(): PostgreSQL's sums of BIGINT come back as Decimal.
-        self.requests += int(row.requests)
-        self.ok += int(row.ok or 0)
-        self.rejected += int(row.rejected or 0)
-        self.tokens += int(row.tokens or 0)
-        self.output_tokens += int(row.output_tokens or 0)
-        self.met += int(row.met or 0)
-        self.cost += float(row.cost or 0.0)
-        self.replica_seconds += float(row.replica_seconds or 0.0)
-        self.classes[sla_class] = self.classes.get(sla_class, 0) + int(row.requests)
+    def add(self, row: SumRow) -> None:
+        self.requests += row.requests
+        self.ok += row.requests if row.outcome == "ok" else 0
+        self.rejected += row.requests if row.outcome == "rejected" else 0
+        self.output_tokens += row.output_tokens if row.outcome == "ok" else 0
+        self.met += row.met
+        self.cost += row.cost
+        self.replica_seconds += row.replica_seconds
+        self.classes[row.sla_class] = self.classes.get(row.sla_class, 0) + row.requests
 
 
-def where(rng: TimeRange, app: str | None, tenant_id: str | None) -> list:
-    clauses = [r.c.arrival >= rng.start, r.c.arrival < rng.end]
-    if app is not None:
-        clauses.append(r.c.app == app)
-    if tenant_id is not None:
-        clauses.append(r.c.tenant_id == tenant_id)
-    return clauses
+@dataclass(frozen=True, slots=True)
+class LedgerReport:
+    sla: SLAReport
+    percentiles: str  # "exact" or "histogram"
+    sums: list[SumRow]  # per bucket when a width was asked for (usage_query folds them)
 
 
-def met_expression(config: TenancyConfig):
-    """1 for a successful row within every target of its own class (``meets_sla``), else 0."""
-    whens = [
-        (
-            and_(
-                r.c.sla_class == c.name,
-                r.c.ttft_s <= c.ttft_target_s,
-                r.c.e2e_s <= c.e2e_target_s,
-                or_(r.c.tpot_s.is_(None), r.c.tpot_s <= c.tpot_target_s),
-            ),
-            1,
-        )
-        for c in config.sla_classes
-    ]
-    return case(*whens, else_=0)
+async def _sums(store: LedgerStore, clauses: list, config: TenancyConfig, width: int | None) -> list[SumRow]:
+    async with store.connect() as conn:
+        return await summary(conn, store.dialect, clauses, config, width)
 
 
-async def group_sums(conn: AsyncConnection, clauses: list, config: TenancyConfig) -> list:
-    ok = r.c.outcome == "ok"
-    query = (
-        select(
-            r.c.tenant_id,
-            r.c.sla_class,
-            r.c.model,
-            func.count().label("requests"),
-            func.sum(case((ok, 1), else_=0)).label("ok"),
-            func.sum(case((r.c.outcome == "rejected", 1), else_=0)).label("rejected"),
-            func.sum(case((ok, r.c.prompt_tokens + r.c.output_tokens), else_=0)).label("tokens"),
-            func.sum(case((ok, r.c.output_tokens), else_=0)).label("output_tokens"),
-            func.sum(case((ok, met_expression(config)), else_=0)).label("met"),
-            func.sum(r.c.cost_usd).label("cost"),
-            func.sum(r.c.replica_seconds).label("replica_seconds"),
-        )
-        .where(*clauses)
-        .group_by(r.c.tenant_id, r.c.sla_class, r.c.model)
-    )
-    return list((await conn.execute(query)).all())
+async def _ranked(store: LedgerStore, clauses: list, ok_rows: int) -> tuple[Ranked, str]:
+    async with store.connect() as conn:
+        return await quantiles(conn, store.dialect, clauses, ok_rows)
 
 
-async def ledger_sla(
+async def ledger_report(
     store: LedgerStore,
     config: TenancyConfig,
     rng: TimeRange,
     app: str | None = None,
     tenant_id: str | None = None,
-) -> tuple[SLAReport, str]:
-    """The SLA report over the ledger's rows in ``rng`` (of one app, of one tenant when given: then,
-    as in a router's own report, no model groups), and how its percentiles were ranked."""
+    width: int | None = None,
+) -> LedgerReport:
+    """The SLA report over the ledger's rows in ``rng`` (of one app; of one tenant when given: then,
+    as in a router's own report, no model groups), with the sums per ``width``-second bucket."""
     clauses = where(rng, app, tenant_id)
-    async with store.connect() as conn:
-        if store.dialect == "postgresql":  # the percentiles sort in memory, not in files
-            await conn.execute(text(f"SET LOCAL work_mem = '{REPORT_WORK_MEM}'"))
-        sums = await group_sums(conn, clauses, config)
-        ok_rows = sum(int(row.ok or 0) for row in sums)
-        ranked, method = await quantiles(conn, store.dialect, clauses, ok_rows)
+    sums = await _sums(store, clauses, config, width)
+    ok_rows = sum(s.requests for s in sums if s.outcome == "ok")
+    ranked, method = await _ranked(store, clauses, ok_rows)
     groups: dict[str, dict[str, Sums]] = {g: defaultdict(Sums) for g in GROUPINGS}
     for row in sums:
         for grouping in GROUPINGS:
-            groups[grouping][getattr(row, grouping)].add(row, row.sla_class)
+            groups[grouping][getattr(row, grouping)].add(row)
     window = max(rng.seconds, 1e-9)
     classes_of = config.tenants_by_id
 
     def report(grouping: str, key: str, tenant: str, sla_class: str, model: str = "*") -> GroupReport:
         s = groups[grouping][key]
-        q = ranked[grouping].get(key, {m: {f"p{p}": None for p in PERCENTILES} for m in METRICS})
+        q = ranked[grouping].get(key, NO_QUANTILES)
         served = s.requests - s.rejected
         return GroupReport(
             tenant_id=tenant,
@@ -149,11 +110,22 @@ async def ledger_sla(
 
     tenants = [report("tenant_id", t, t, class_of(t)) for t in sorted(groups["tenant_id"])]
     classes = [report("sla_class", c, "*", c) for c in sorted(groups["sla_class"])]
-    models = (
-        [] if tenant_id is not None else [report("model", m, "*", "*", m) for m in sorted(groups["model"])]
-    )
-    seconds = {} if tenant_id is not None else {m: s.replica_seconds for m, s in groups["model"].items()}
+    per_model = tenant_id is None
+    models = [report("model", m, "*", "*", m) for m in sorted(groups["model"])] if per_model else []
+    seconds = {m: s.replica_seconds for m, s in groups["model"].items()} if per_model else {}
     total_seconds = sum(s.replica_seconds for s in groups["model"].values())
     total_cost = sum(s.cost for s in groups["model"].values())
-    report = SLAReport(rng.seconds, total_seconds, total_cost, tenants, classes, models, seconds)
-    return report, method
+    sla = SLAReport(rng.seconds, total_seconds, total_cost, tenants, classes, models, seconds)
+    return LedgerReport(sla, method, sums)
+
+
+async def ledger_sla(
+    store: LedgerStore,
+    config: TenancyConfig,
+    rng: TimeRange,
+    app: str | None = None,
+    tenant_id: str | None = None,
+) -> tuple[SLAReport, str]:
+    """The SLA report alone, and how its percentiles were ranked."""
+    both = await ledger_report(store, config, rng, app, tenant_id)
+    return both.sla, both.percentiles

@@ -8,12 +8,10 @@ import io
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import Integer, case, cast, func, select
-
-from cluster.ledger.schema import requests as r
-from cluster.ledger.sla_query import where
 from cluster.ledger.store import LedgerStore
+from cluster.ledger.summary import SumRow, summary, where
 from cluster.ledger.time_range import TimeRange
+from tenancy import TenancyConfig
 
 CSV_COLUMNS = (
     "start_time",
@@ -47,55 +45,38 @@ class UsageResult:
     cost_usd: float
 
 
-def bucket_start(dialect: str, width: int):
-    """The start of a row's bucket, in unix seconds (arrivals are positive, so truncation is floor)."""
-    if dialect == "postgresql":
-        return cast(func.floor(r.c.arrival / width), Integer) * width
-    return (cast(r.c.arrival, Integer) // width) * width  # SQLite: integer division
+def usage_results(sums: list[SumRow], width: int) -> tuple[list[UsageResult], Counter[str]]:
+    """The sums folded into (bucket, tenant, key, model) results, in time order, and the requests
+    per outcome over the range."""
+    results: dict[tuple, UsageResult] = {}
+    outcomes: Counter[str] = Counter()
+    for row in sorted(sums, key=lambda s: (s.start, s.tenant_id, s.api_key_id, s.model)):
+        key = (row.start, row.tenant_id, row.api_key_id, row.model)
+        res = results.get(key)
+        if res is None:
+            res = results[key] = UsageResult(row.start, row.start + width, *key[1:], 0, 0, 0, 0, 0, 0.0)
+        res.num_model_requests += row.requests
+        res.num_rejected += row.requests if row.outcome == "rejected" else 0
+        res.input_tokens += row.input_tokens
+        res.input_cached_tokens += row.cached_tokens
+        res.output_tokens += row.output_tokens
+        res.cost_usd += row.cost
+        outcomes[row.outcome] += row.requests
+    return list(results.values()), outcomes
 
 
 async def usage_rows(
-    store: LedgerStore, rng: TimeRange, width: int, app: str | None = None, tenant_id: str | None = None
+    store: LedgerStore,
+    rng: TimeRange,
+    width: int,
+    config: TenancyConfig,
+    app: str | None = None,
+    tenant_id: str | None = None,
 ) -> tuple[list[UsageResult], Counter[str]]:
-    """The buckets' results in time order, and the requests per outcome over the range."""
-    start = bucket_start(store.dialect, width).label("start")
-    served = r.c.outcome != "rejected"
-    query = (
-        select(
-            start,
-            r.c.tenant_id,
-            r.c.api_key_id,
-            r.c.model,
-            r.c.outcome,
-            func.count().label("requests"),
-            func.sum(case((served, r.c.prompt_tokens), else_=0)).label("input_tokens"),
-            func.sum(case((served, r.c.cached_tokens), else_=0)).label("cached"),
-            func.sum(r.c.output_tokens).label("output_tokens"),
-            func.sum(r.c.cost_usd).label("cost"),
-        )
-        .where(*where(rng, app, tenant_id))
-        .group_by(start, r.c.tenant_id, r.c.api_key_id, r.c.model, r.c.outcome)
-        .order_by(start, r.c.tenant_id, r.c.api_key_id, r.c.model)
-    )
+    """Usage alone: one statement, the sums per bucket."""
     async with store.connect() as conn:
-        rows = (await conn.execute(query)).all()
-    results: dict[tuple, UsageResult] = {}
-    outcomes: Counter[str] = Counter()
-    for row in rows:
-        key = (int(row.start), row.tenant_id, row.api_key_id, row.model)
-        res = results.get(key)
-        if res is None:
-            res = results[key] = UsageResult(
-                int(row.start), int(row.start) + width, *key[1:], 0, 0, 0, 0, 0, 0.0
-            )
-        res.num_model_requests += row.requests
-        res.num_rejected += row.requests if row.outcome == "rejected" else 0
-        res.input_tokens += int(row.input_tokens or 0)
-        res.input_cached_tokens += int(row.cached or 0)
-        res.output_tokens += int(row.output_tokens or 0)
-        res.cost_usd += float(row.cost or 0.0)
-        outcomes[row.outcome] += row.requests
-    return list(results.values()), outcomes
+        sums = await summary(conn, store.dialect, where(rng, app, tenant_id), config, width)
+    return usage_results(sums, width)
 
 
 def usage_page(results: list[UsageResult], outcomes: Counter[str], rng: TimeRange, width: int) -> dict:

@@ -75,7 +75,7 @@ async def test_usage_buckets_add_up_by_tenant_key_and_model(dsn: str) -> None:
         await store.insert(rows)
         now = time.time()
         rng = TimeRange(now - 86400, now + 60)
-        results, outcomes = await usage_rows(store, rng, 3600, app="app")
+        results, outcomes = await usage_rows(store, rng, 3600, CONFIG, app="app")
         assert sum(outcomes.values()) == len(rows)
         assert sum(r.num_model_requests for r in results) == len(rows)
         assert sum(r.output_tokens for r in results) == sum(r.output_tokens for r in rows)
@@ -91,7 +91,7 @@ async def test_usage_buckets_add_up_by_tenant_key_and_model(dsn: str) -> None:
         assert first["object"] == "organization.usage.completions.result" and first["project_id"]
         table = list(csv.DictReader(io.StringIO(usage_csv(results))))
         assert sum(int(r["num_model_requests"]) for r in table) == len(rows)
-        alice, _ = await usage_rows(store, rng, 86400, app="app", tenant_id="alice")
+        alice, _ = await usage_rows(store, rng, 86400, CONFIG, app="app", tenant_id="alice")
         assert {r.tenant_id for r in alice} == {"alice"}
         assert sum(r.num_model_requests for r in alice) == sum(1 for r in rows if r.tenant_id == "alice")
     finally:
