@@ -13,12 +13,12 @@ its constrained twin produced, with EOS ignored, so both runs do the same work a
 tok/s compare; the report gives both and the ratio (target ≥ 0.9), the host time per filled mask
 row, and how many constrained answers ended by their grammar.
 
-Random-weight presets ship no tokenizer, and a grammar needs every id's bytes: --tokenizer bpe
-(default) attaches bench/bpe_vocab.py's byte-level BPE at the model's vocabulary size (128,256 for
-the 8B shape: a realistic mask cost; trained on the standard library on first use, about a minute,
-then cached); `word` attaches cluster/text/word_tokenizer.py's generated word tokenizer instead
-(tokens "w<id>" and punctuation: no digits, so the schema then holds only strings, enums of its
-words and arrays).
+Random-weight presets ship no tokenizer, and a grammar needs every id's bytes: the engine gets
+bench/bpe_vocab.py's byte-level BPE at the model's vocabulary size (128,256 for the 8B shape, so the
+mask costs what a Llama 3 vocabulary's would; trained on the standard library on first use, about
+ten seconds, then cached). The cluster's generated word tokenizer (cluster/text/word_tokenizer.py)
+cannot serve: llguidance reads token bytes from byte-level, byte-fallback and similar decoders, and
+its WordPiece-style decoder is none of them (a response format there is refused with a 400).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.bpe_vocab import attach
 from bench.engine_trace import make_trace, summarise
 from replica.config import EngineConfig
 from replica.engine import Engine
@@ -53,29 +54,6 @@ SCHEMA = {
     "required": ["id", "title", "status", "urgent", "labels"],
     "additionalProperties": False,
 }
-# The word tokenizer has no digits, no true/false and no letters alone: every name and literal must be
-# one of its words (cluster/text/word_tokenizer.py COMMON_WORDS), values strings, enums and arrays.
-WORD_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "word": {"type": "string", "maxLength": 16},
-        "time": {"enum": ["day", "week", "life"]},
-        "place": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
-    },
-    "required": ["word", "time", "place"],
-    "additionalProperties": False,
-}
-
-
-def attach_tokenizer(engine: Engine, kind: str) -> None:
-    if kind == "bpe":
-        from bench.bpe_vocab import attach
-
-        attach(engine)
-    else:
-        from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
-
-        attach_to_engine(engine, word_tokenizer(engine.loaded.config.vocab_size))
 
 
 def sampling(args, i: int, mixed: dict) -> dict:
@@ -118,9 +96,9 @@ async def run(args) -> dict:
     )  # fmt: skip
     await engine.start()
     t0 = time.perf_counter()
-    attach_tokenizer(engine, args.tokenizer)
+    attach(engine)
     tokenizer_s = time.perf_counter() - t0
-    spec = json_schema(SCHEMA if args.tokenizer == "bpe" else WORD_SCHEMA)
+    spec = json_schema(SCHEMA)
     vocab = engine.loaded.config.vocab_size
     results: dict = {"tokenizer_s": tokenizer_s}
     try:
@@ -171,7 +149,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--device", default="auto")
-    p.add_argument("--tokenizer", choices=("bpe", "word"), default="bpe")
     p.add_argument("--sampling", choices=("mix", "sampled"), default="mix")
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--rates", default="inf,20", help="requests per second; inf = all at once")

@@ -98,9 +98,13 @@ class GrammarCompiler:
                 raise InvalidRequestError("response_format needs the llguidance package here") from None
             if self._tokenizer is None:
                 raise InvalidRequestError("response_format needs the model's tokenizer; this model has none")
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                self._tokenizer, n_vocab=self._vocab_size, eos_token=self._eos_ids
-            )
+            try:
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                    self._tokenizer, n_vocab=self._vocab_size, eos_token=self._eos_ids
+                )
+            except (ValueError, TypeError) as exc:  # e.g. a word-level tokenizer: no bytes per id
+                message = f"response_format: this model's tokenizer cannot be used: {exc}"
+                raise InvalidRequestError(message) from None
             self._executor = llguidance.LLExecutor(num_threads=self._threads)
         return self._ll_tokenizer
 
