@@ -16,25 +16,17 @@ from starlette.exceptions import HTTPException
 from cluster.config import AppConfig
 from cluster.drain import RouterDrain
 from cluster.edge import api_docs, ledger_views
+from cluster.edge.answers import answer
 from cluster.edge.body_limit import BodyLimit
-from cluster.edge.job_builder import JobBuilder
 from cluster.edge.model_jobs import job_builders
 from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
-from cluster.edge.responses import (
-    ChoiceState,
-    ClosingStreamingResponse,
-    ResponseMeta,
-    full_body,
-    guarded,
-    sse_stream,
-)
+from cluster.edge.prompt_batch import open_all
 from cluster.edge.router_state import health, models_state, totals
 from cluster.edge.tenant_views import check_own
 from cluster.errors import Draining, Forbidden, error_response
 from cluster.ledger.rows import key_id as api_key_id
 from cluster.routing.model_pool import ModelPool
 from cluster.routing.replica_monitor import MonitorLoop, ReplicaMonitor, running_replicas
-from cluster.routing.request_flow import ActiveRequest
 from cluster.routing.router_core import RouterCore
 from cluster.routing.tenancy_sync import Deployment, TenancySync
 from cluster.serving import replica_board
@@ -242,57 +234,17 @@ class Ingress:
                 raise Draining(int(self.cfg.drain_timeout_s) or 1)
             pool = self.core.pool_for(tenant, body.model)  # 404 before any quota is taken
             jobs = self.jobs[pool.name]
-            job = await jobs.build(request_id, pool.tenant(tenant), body)
+            batch = await jobs.build_all(request_id, pool.tenant(tenant), body)  # a job per prompt
             if self.cfg.log_request_text:  # operators only: text stays out of logs by default
                 log.info("request %s tenant %s prompt %r", request_id, tenant.id, body.model_dump())
         except Exception as exc:  # refused before admission: after auth, a ledger row too
             ledger_views.record_refusal(self.ledger, request_id, tenant, key_id, body.model, exc)
             return error_response(exc)
         try:
-            active = await pool.runner.open(job, key_id)  # its own ending records every refusal
+            active = await open_all(pool.runner, batch, key_id)  # its own ending records every refusal
         except Exception as exc:
             return error_response(exc)
-        meta = self._response_meta(kind, request_id, body, active.job.prompt_ids, jobs)
-        headers = dict(active.lease.headers) if active.lease else {}
-        token_text = jobs.encoder.token_text
-        if body.stream:
-            outputs = active.outputs()
-            stream = guarded(sse_stream(meta, outputs, body.include_usage, token_text, body.n))
-            return ClosingStreamingResponse(
-                stream,
-                lambda: active.close("aborted", "client_gone"),  # no-op after a normal end
-                media_type="text/event-stream",
-                headers=headers,
-            )
-        return await self._collect(meta, active, headers, body.n, jobs)
-
-    def _response_meta(
-        self, kind: str, request_id: str, body, prompt_ids: list[int], jobs: JobBuilder
-    ) -> ResponseMeta:
-        logprobs = body.logprob_count() if kind == "chat" else body.logprobs
-        echo = None
-        if kind == "completion" and body.echo:
-            prompt = body.single_prompt()
-            text = prompt if isinstance(prompt, str) else jobs.encoder.decode(prompt)
-            echo = (text, tuple(prompt_ids))
-        model = body.model  # the served name the request was routed by
-        return ResponseMeta.new(kind, request_id, model, logprobs=logprobs, echo=echo)  # type: ignore[arg-type]
-
-    async def _collect(
-        self, meta: ResponseMeta, active: ActiveRequest, headers: dict[str, str], n: int, jobs: JobBuilder
-    ) -> Response:
-        choices = [ChoiceState(i, meta, jobs.encoder.token_text) for i in range(n)]
-        last: dict[str, Any] = {}
-        try:
-            async for item in active.outputs():
-                choices[item["index"]].add(item)
-                last = item
-        except Exception as exc:
-            return error_response(exc)
-        if self.cfg.log_request_text:
-            log.info("request %s completion %r", meta.response_id, ["".join(c.text) for c in choices])
-        prompt_tokens, output_tokens = last.get("num_prompt_tokens", 0), last.get("total_output_tokens", 0)
-        return JSONResponse(full_body(meta, choices, prompt_tokens, output_tokens), headers=headers)
+        return await answer(kind, request_id, body, active, jobs, self.cfg.log_request_text)
 
     def _replica_monitor(self, app: str, pool: ModelPool) -> ReplicaMonitor:
         return ReplicaMonitor(

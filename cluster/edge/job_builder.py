@@ -35,27 +35,61 @@ class JobBuilder:
     async def build(
         self, request_id: str, tenant: Tenant, body: CompletionRequest | ChatCompletionRequest
     ) -> Job:
+        """The job of a request with one prompt (a chat, or a completion of one prompt)."""
+        jobs = await self.build_all(request_id, tenant, body)
+        if len(jobs) != 1:
+            raise BadRequest("this request has several prompts", param="prompt")
+        return jobs[0]
+
+    async def build_all(
+        self, request_id: str, tenant: Tenant, body: CompletionRequest | ChatCompletionRequest
+    ) -> list[Job]:
+        """One job per prompt: a completions batch is served as separate requests (each admitted,
+        queued and charged on its own), answered together; a batch of one keeps the request's id."""
         if body.model != self._cfg.served_model_name:
             raise NotFound(f"the model {body.model!r} does not exist", code="model_not_found", param="model")
-        if body.n > self._cfg.max_n:
-            raise BadRequest(f"n is at most {self._cfg.max_n} on this server", code="invalid_n", param="n")
-        sampling = {**body.sampling_fields(), **self._checkpoint_defaults(body)}
-        await check_grammar(sampling["grammar"])  # a bad schema: a 400 that points into it
+        samples = body.samples if isinstance(body, CompletionRequest) else body.n
+        if samples > self._cfg.max_n:
+            param = "n" if samples == body.n else "best_of"
+            raise BadRequest(
+                f"{param} is at most {self._cfg.max_n} on this server", code="invalid_n", param=param
+            )
         if isinstance(body, ChatCompletionRequest):
             messages = body.template_messages()
             chars = sum(len(m["content"]) for m in messages)
             ids = await self._encode(self._encoder.chat, messages, chars, "messages")
+            return [await self._job(request_id, tenant, body, ids)]
+        prompts = body.prompts()
+        jobs = []
+        for i, prompt in enumerate(prompts):
+            chars = len(prompt) if isinstance(prompt, str) else 0  # token ids: counted as they are
+            param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+            try:
+                ids = await self._encode(self._encoder.completion, prompt, chars, param)
+            except BadRequest as exc:  # name the batch's prompt that is wrong
+                exc.param = param
+                raise
+            jobs.append(
+                await self._job(request_id if len(prompts) == 1 else f"{request_id}-{i}", tenant, body, ids)
+            )
+        return jobs
+
+    async def _job(
+        self, request_id: str, tenant: Tenant, body: CompletionRequest | ChatCompletionRequest, ids: list[int]
+    ) -> Job:
+        """One prompt's job: its sampling, limits and context checked."""
+        sampling = {**body.sampling_fields(), **self._checkpoint_defaults(body)}
+        await check_grammar(sampling["grammar"])  # a bad schema: a 400 that points into it
+        if isinstance(body, ChatCompletionRequest):
             max_tokens = body.output_limit() or await self._chat_default_limit(len(ids))
             sampling["logprobs"] = body.logprob_count()
         else:
-            try:
-                prompt = body.single_prompt()
-            except ValueError as exc:
-                raise BadRequest(str(exc), param="prompt") from None
-            chars = len(prompt) if isinstance(prompt, str) else 0  # token ids: counted as they are
-            ids = await self._encode(self._encoder.completion, prompt, chars, "prompt")
             max_tokens, prompt_logprobs = _completion_limits(body)
-            sampling["logprobs"] = body.logprobs
+            sampling["n"] = body.samples
+            # best_of ranks its samples by cumulative logprob: the chosen tokens' logprobs are needed
+            # even when the answer shows none.
+            ranked = body.samples > body.n
+            sampling["logprobs"] = body.logprobs if body.logprobs is not None or not ranked else 0
             sampling["prompt_logprobs"] = prompt_logprobs
         if max_tokens is None:
             max_tokens = self._encoder.sampling_defaults.get("max_tokens", self._cfg.default_max_tokens)
@@ -67,7 +101,7 @@ class JobBuilder:
         except (ValueError, TypeError, OverflowError) as exc:
             raise BadRequest(str(exc)) from None
         coalesce = self._cfg.stream_interval_s if body.stream else NON_STREAM_COALESCE_S
-        return Job(request_id, tenant, tenant.sla_class, ids, sampling, coalesce)
+        return Job(request_id, tenant, tenant.sla_class, ids, sampling, coalesce, user=body.user)
 
     def _checkpoint_defaults(self, body: CompletionRequest | ChatCompletionRequest) -> dict:
         """The checkpoint's recommended values for the sampling fields this request leaves out."""

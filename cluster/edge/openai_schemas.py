@@ -3,16 +3,23 @@
 Sampling fields are OpenAI's (temperature, top_p, n, seed, stop, presence_penalty,
 frequency_penalty, logit_bias, logprobs) and vLLM's extras (top_k, min_p, repetition_penalty,
 min_tokens, stop_token_ids, ignore_eos); `replica.SamplingParams` documents what each does.
+Every other field of OpenAI's requests has its treatment in `openai_fields.py`: the chat request's
+informational and refused fields are in `request_extras.py`, its messages in `chat_messages.py`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from cluster.edge.chat_messages import ChatMessage
+from cluster.edge.openai_fields import COMPLETIONS, STREAM_OPTIONS, refusal
+from cluster.edge.request_extras import ChatInforms, ChatRefuses
 from cluster.edge.response_format import ResponseFormat, grammar_fields
 
+MAX_PROMPTS = 32  # prompts in one completions request: each is its own request to admit and queue
 MAX_STOP = 4
 MAX_STOP_CHARS = 256  # a stop string is matched against the decoded tail at every step: keep it short
 
@@ -23,6 +30,12 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = Field(default=False, description="Send a final chunk with token usage.")
+    continuous_usage_stats: bool = Field(
+        default=False, description=STREAM_OPTIONS["continuous_usage_stats"].note
+    )
+    include_obfuscation: bool | None = Field(
+        default=None, description=STREAM_OPTIONS["include_obfuscation"].note
+    )
 
 
 class _Sampling(_Strict):
@@ -54,6 +67,15 @@ class _Sampling(_Strict):
         default=None, description="text, json_object, or json_schema (the answer matches the schema)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_left_out(cls, data: Any) -> Any:
+        """OpenAI's types allow null for most fields, meaning the default: the same as leaving the
+        field out (so the checkpoint's defaults still apply). Unknown fields stay, to be refused."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return data
+
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
@@ -71,6 +93,11 @@ class _Sampling(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: vLLM's ``continuous_usage_stats``, which needs ``include_usage`` too."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def sampling_fields(self) -> dict:
         """The fields `replica.SamplingParams` takes, from this body (max_tokens and logprobs apart)."""
@@ -94,39 +121,70 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    """``POST /v1/completions``: one prompt, as text or token ids."""
+    """``POST /v1/completions``: a prompt, as text or token ids, or a batch of prompts."""
 
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(description="Text or token ids.")
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description=COMPLETIONS["prompt"].note, min_length=1
+    )
     max_tokens: int | None = Field(default=None, ge=0, description="0 only with echo (score the prompt).")
-    echo: bool = Field(default=False, description="Prepend the prompt (and its logprobs) to the choice.")
+    echo: bool | None = Field(
+        default=False, description="Prepend the prompt (and its logprobs) to the choice."
+    )
     logprobs: int | None = Field(default=None, ge=0, le=20, description="Top logprobs per token (0-20).")
+    best_of: int | None = Field(default=None, ge=1, description=COMPLETIONS["best_of"].note)
+    suffix: str | None = Field(default=None, description=COMPLETIONS["suffix"].note)
 
-    def single_prompt(self) -> str | list[int]:
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_shape(cls, v: Any) -> Any:
+        """One of OpenAI's four shapes, said plainly (a union's error would name each branch)."""
+        if isinstance(v, list) and v:
+            kinds = {type(p) for p in v}
+            if len(kinds) > 1 or kinds - {str, int, list}:
+                raise PydanticCustomError(
+                    "invalid_prompt",
+                    "a string, a list of token ids, a list of strings or a list of token-id lists",
+                )
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _batch_size(cls, v: str | list) -> str | list:
+        if isinstance(v, list) and v and isinstance(v[0], str | list) and len(v) > MAX_PROMPTS:
+            raise ValueError(f"a batch takes at most {MAX_PROMPTS} prompts")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:  # "" inserts nothing: the same as no suffix
+            raise refusal("suffix", COMPLETIONS)
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if v is not None and v < n:
+            raise ValueError(f"best_of ({v}) must be at least n ({n})")
+        if v is not None and v > n and info.data.get("stream"):
+            raise ValueError("best_of above n cannot be streamed (the best choices are known at the end)")
+        return v
+
+    @property
+    def samples(self) -> int:
+        """Choices generated per prompt: best_of, or n."""
+        return self.best_of or self.n
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: one prompt (text or token ids) per entry."""
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], str | list):
-            if len(p) != 1:
-                raise ValueError("prompt: only one prompt per request is supported (batch of 1)")
-            return p[0]
-        return p
+            return list(p)  # type: ignore[arg-type]
+        return [p]  # type: ignore[list-item]
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[TextPart]
-    name: str | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, ChatInforms, ChatRefuses):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -135,11 +193,12 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = Field(default=False, description="Return the chosen tokens' logprobs.")
     top_logprobs: int | None = Field(default=None, ge=0, le=20, description="With logprobs: the top 0-20.")
 
-    @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and not info.data.get("logprobs"):
             raise ValueError("top_logprobs needs logprobs set to true")
-        return self
+        return v
 
     def logprob_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -148,11 +207,7 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def template_messages(self) -> list[dict[str, str]]:
-        # The chat template knows system/user/assistant; "developer" is OpenAI's newer name for system.
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+        return [m.template_dict() for m in self.messages]
 
 
 class Usage(BaseModel):

@@ -3,6 +3,8 @@
 A request of n choices streams each choice's deltas under its `index` (the role on each choice's
 first chat chunk) and ends with each choice's finish reason; the usage chunk and ``[DONE]`` follow
 when every choice has ended. Logprobs (and a completion's echoed prompt) ride on the same chunks.
+A completions batch numbers its choices prompt by prompt (prompt index × n + choice) and its usage
+adds up every prompt's; with vLLM's ``continuous_usage_stats`` each chunk carries its usage so far.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ class ResponseMeta:
     model: str
     created: int
     logprobs: int | None = None  # top logprobs per token, when the request asked for logprobs
-    echo: tuple[str, tuple[int, ...]] | None = None  # a completion's prompt text and ids, echoed
+    # A completion's prompts, echoed: each prompt's text and ids, in the batch's order.
+    echo: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    continuous_usage: bool = False  # usage on every chunk (vLLM's continuous_usage_stats)
+    prompts: int = 1  # a completions batch's prompts
 
     @classmethod
     def new(cls, kind: Kind, request_id: str, model: str, **kw) -> ResponseMeta:
@@ -50,10 +55,15 @@ class ChoiceState:
     index: int
     meta: ResponseMeta
     token_text: TokenText
+    prompt: int = 0  # its prompt's place in a completions batch
     started: bool = False
     finish: str | None = None
     text: list[str] = field(default_factory=list)
     logprob_parts: list = field(default_factory=list)
+    cumulative_logprob: float = 0.0  # of the generated tokens, when they came with logprobs (best_of)
+    # Each prompt's scored tokens, shared by its choices: the replica sends them once per request,
+    # with its first output, and every choice echoes them.
+    prompt_scores: dict[int, list] = field(default_factory=dict)
     _completion: CompletionLogprobs | None = None
 
     def piece(self, item: dict[str, Any]) -> tuple[str, Any]:
@@ -61,10 +71,15 @@ class ChoiceState:
         meta = self.meta
         text, tokens, entries = item["text"], list(item["token_ids"]), item.get("logprobs")
         prompt = item.get("prompt_logprobs")
+        if prompt is not None:
+            self.prompt_scores[self.prompt] = prompt
+        elif not self.started:
+            prompt = self.prompt_scores.get(self.prompt)
         if not self.started and meta.echo is not None:
-            text = meta.echo[0] + text
+            echo_text, echo_ids = meta.echo[self.prompt]
+            text = echo_text + text
             if prompt is not None:
-                tokens, entries = [*meta.echo[1], *tokens], [*prompt, *(entries or [])]
+                tokens, entries = [*echo_ids, *tokens], [*prompt, *(entries or [])]
         self.started = True
         if meta.logprobs is None or entries is None:
             return text, None
@@ -75,6 +90,7 @@ class ChoiceState:
         return text, self._completion.block(entries, tokens)
 
     def add(self, item: dict[str, Any]) -> None:
+        self.cumulative_logprob += sum(entry[1] for entry in item.get("logprobs") or ())
         text, logprobs = self.piece(item)
         self.text.append(text)
         if logprobs is not None:
@@ -88,6 +104,35 @@ class ChoiceState:
         if self.meta.kind == "chat":
             return {"content": [e for part in self.logprob_parts for e in part["content"]], "refusal": None}
         return merge_completion_logprobs(self.logprob_parts)
+
+
+def choice_states(meta: ResponseMeta, token_text: TokenText, n: int) -> list[ChoiceState]:
+    """Every choice of the request: ``n`` per prompt, numbered prompt by prompt."""
+    scores: dict[int, list] = {}
+    return [
+        ChoiceState(i, meta, token_text, prompt=i // n, prompt_scores=scores) for i in range(meta.prompts * n)
+    ]
+
+
+class UsageTally:
+    """The request's usage from its outputs: each prompt's prompt tokens and output so far, added up."""
+
+    def __init__(self) -> None:
+        self._prompt: dict[int, int] = {}
+        self._output: dict[int, int] = {}
+
+    def add(self, item: dict[str, Any]) -> None:
+        prompt = item.get("prompt", 0)
+        self._prompt[prompt] = item["num_prompt_tokens"]
+        self._output[prompt] = item["total_output_tokens"]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self._prompt.values())
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self._output.values())
 
 
 def _choice(
@@ -130,6 +175,8 @@ def chunk(meta: ResponseMeta, state: ChoiceState, item: dict[str, Any]) -> dict[
     text, logprobs = state.piece(item)
     body = _envelope(meta, chunked=True)
     body["choices"] = [_choice(meta, state.index, text, logprobs, item["finish_reason"], True, first)]
+    if meta.continuous_usage:  # as vLLM: its prompt's tokens and its choice's tokens so far
+        body["usage"] = usage(item["num_prompt_tokens"], item["num_output_tokens"])
     return body
 
 
@@ -159,24 +206,25 @@ async def sse_stream(
     ASGI message through Serve (router → proxy hop, one socket write), the per-request cost that
     bounds a router's requests per second. The bytes on the wire are the same.
     """
-    states = [ChoiceState(i, meta, token_text) for i in range(n)]
+    states = choice_states(meta, token_text, n)
     ended = False
-    prompt_tokens = output_tokens = 0
+    tally = UsageTally()
     async for item in outputs:  # pulled to its end: that is where the request is closed as "ok"
-        prompt_tokens, output_tokens = item["num_prompt_tokens"], item["total_output_tokens"]
+        tally.add(item)
         state = states[item["index"]]
         if item["done"]:
             last = sse(chunk(meta, state, item))
-            yield last + _tail(meta, prompt_tokens, output_tokens, include_usage)
+            yield last + _tail(meta, tally, include_usage)
             ended = True
         elif item["text"] or not state.started or item["finish_reason"] is not None or "logprobs" in item:
             yield sse(chunk(meta, state, item))
     if not ended:
-        yield _tail(meta, prompt_tokens, output_tokens, include_usage)
+        yield _tail(meta, tally, include_usage)
 
 
-def _tail(meta: ResponseMeta, prompt_tokens: int, output_tokens: int, include_usage: bool) -> bytes:
-    usage_part = sse(usage_chunk(meta, prompt_tokens, output_tokens)) if include_usage else b""
+def _tail(meta: ResponseMeta, tally: UsageTally, include_usage: bool) -> bytes:
+    counts = (tally.prompt_tokens, tally.output_tokens)
+    usage_part = sse(usage_chunk(meta, *counts)) if include_usage else b""
     return usage_part + sse("[DONE]")
 
 

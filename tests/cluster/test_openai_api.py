@@ -97,7 +97,8 @@ def test_over_long_prompt_is_400(client: openai.OpenAI) -> None:
         {"prompt": [10**9]},
         {"prompt": ""},
         {"prompt": "x", "max_tokens": 0},
-        {"prompt": ["a", "b"]},
+        {"prompt": []},
+        {"prompt": ["a", [1, 2]]},
     ],
 )
 def test_bad_inputs_are_400_not_500(base_url: str, body: dict) -> None:
