@@ -21,7 +21,6 @@ torch, so the router checks schemas with it too (cluster/edge/response_format.py
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -48,7 +47,9 @@ class GrammarCompiler:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._eos_ids = list(eos_ids)
-        self._threads = threads or min(8, os.cpu_count() or 1)
+        # Mask fills run while the engine thread waits (the interpreter lock dropped): llguidance's
+        # default pool, 80% of the cores up to 32, unless told.
+        self._threads = threads or None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fairlane-grammar")
         self._lock = threading.Lock()
         self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
