@@ -102,7 +102,7 @@ def row_from_timing(t: RequestTiming, app: str, router: str, pricing: Pricing) -
         itl_p99_s=t.itl_p99,
         e2e_s=t.e2e,
         prompt_tokens=t.prompt_tokens,
-        cached_tokens=0,  # no prefix cache yet
+        cached_tokens=t.cached_tokens,  # prompt tokens the replica's prefix cache served
         output_tokens=t.output_tokens,
         outcome=OUTCOMES.get(t.outcome or "error", "failed"),
         reason=t.reason,

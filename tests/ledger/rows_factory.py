@@ -42,6 +42,7 @@ def timings(n: int, seed: int = 7) -> list[RequestTiming]:
         t.dispatched = t.admitted + rng.uniform(0, 0.5)
         t.first_token = t.dispatched + rng.uniform(0.01, 2.0)
         t.output_tokens = rng.randint(1, 64)
+        t.cached_tokens = rng.randint(0, t.prompt_tokens)
         t.end = t.first_token + t.output_tokens * rng.uniform(0.005, 0.2)
         t.itl_p99 = rng.uniform(0.005, 0.3)
         out.append(t)

@@ -81,6 +81,7 @@ async def test_usage_buckets_add_up_by_tenant_key_and_model(dsn: str) -> None:
         assert sum(r.output_tokens for r in results) == sum(r.output_tokens for r in rows)
         served = [r for r in rows if r.outcome != "rejected"]
         assert sum(r.input_tokens for r in results) == sum(r.prompt_tokens for r in served)
+        assert sum(r.input_cached_tokens for r in results) == sum(r.cached_tokens for r in served) > 0
         assert sum(r.cost_usd for r in results) == pytest.approx(sum(r.cost_usd for r in rows))
         assert all(r.start_time % 3600 == 0 and r.end_time - r.start_time == 3600 for r in results)
         keys = {(t, f"key_{t}") for t in ("alice", "bob", "carol")}
