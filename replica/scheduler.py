@@ -269,7 +269,9 @@ class Scheduler:
         self.running.remove(seq)
         self._reserved_rows -= len(seq.forks)  # its forks wait with it (reserved again on admission)
         self._release_row(seq)
-        if seq.cache_root is not None:  # on resume it may find its own blocks
+        # On resume it may find its own blocks. A sample forked in this very step holds blocks that
+        # this step writes: registered now, a later admission in the same step could read them.
+        if seq.cache_root is not None and not any(f.child is seq for f in self._forks):
             self._register(seq, seq.num_computed)
         self.blocks.free(seq.block_table)
         seq.num_computed = seq.num_registered = 0
