@@ -112,6 +112,7 @@ def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
         "max_num_seqs": e.max_num_seqs,
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "max_model_len": e.max_model_len,
+        "enable_prefix_caching": e.enable_prefix_caching,
     }
 
 

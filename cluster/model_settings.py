@@ -49,6 +49,9 @@ class EngineSettings(_Frozen):
     max_num_seqs: int = Field(default=32, gt=0, description="Sequences batched together per step, at most.")
     max_num_batched_tokens: int = Field(default=512, gt=0, description="Tokens per step (prefill chunking).")
     max_model_len: int | None = Field(default=None, gt=1, description="Context cap; None = the model's own.")
+    enable_prefix_caching: bool = Field(
+        default=True, description="Keep prompt KV blocks and find them again, per tenant (docs/engine.md)."
+    )
 
 
 class AutoscalingSettings(_Frozen):
