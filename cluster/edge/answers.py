@@ -66,7 +66,7 @@ async def answer(
         choices = best_choices(choices, samples, body.n)
     if log_text:  # operators only: text stays out of logs by default
         log.info("request %s completion %r", meta.response_id, ["".join(c.text) for c in choices])
-    counts = (tally.prompt_tokens, tally.output_tokens)
+    counts = (tally.prompt_tokens, tally.output_tokens, tally.cached_tokens)
     return JSONResponse(full_body(meta, choices, *counts), headers=headers)
 
 

@@ -101,7 +101,10 @@ class JobBuilder:
         except (ValueError, TypeError, OverflowError) as exc:
             raise BadRequest(str(exc)) from None
         coalesce = self._cfg.stream_interval_s if body.stream else NON_STREAM_COALESCE_S
-        return Job(request_id, tenant, tenant.sla_class, ids, sampling, coalesce, user=body.user)
+        salt = body.cache_salt  # the scope's narrowing; the tenant part is the router's own
+        return Job(
+            request_id, tenant, tenant.sla_class, ids, sampling, coalesce, user=body.user, cache_salt=salt
+        )
 
     def _checkpoint_defaults(self, body: CompletionRequest | ChatCompletionRequest) -> dict:
         """The checkpoint's recommended values for the sampling fields this request leaves out."""

@@ -77,6 +77,10 @@ VLLM_EXTRAS: dict[str, FieldTreatment] = {
     "min_tokens": works("vLLM: no EOS, stop id or stop string before this many"),
     "stop_token_ids": works("vLLM: up to 16 more token ids that end a choice"),
     "ignore_eos": works("vLLM: keep generating past EOS (benchmarks)"),
+    "cache_salt": works(
+        "vLLM: mixed into the prefix cache's keys: only requests of the same tenant (or cache group) "
+        "with the same salt share cached prompt blocks; up to 256 characters"
+    ),
 }
 
 CHAT: dict[str, FieldTreatment] = {

@@ -63,6 +63,13 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="vLLM: only requests of the same tenant (or cache group) with the same salt share "
+        "cached prompt blocks.",
+    )
     response_format: ResponseFormat | None = Field(
         default=None, description="text, json_object, or json_schema (the answer matches the schema)."
     )
@@ -210,15 +217,21 @@ class ChatCompletionRequest(_Sampling, ChatInforms, ChatRefuses):
         return [m.template_dict() for m in self.messages]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     ).model_dump()

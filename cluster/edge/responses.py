@@ -120,11 +120,13 @@ class UsageTally:
     def __init__(self) -> None:
         self._prompt: dict[int, int] = {}
         self._output: dict[int, int] = {}
+        self._cached: dict[int, int] = {}
 
     def add(self, item: dict[str, Any]) -> None:
         prompt = item.get("prompt", 0)
         self._prompt[prompt] = item["num_prompt_tokens"]
         self._output[prompt] = item["total_output_tokens"]
+        self._cached[prompt] = item.get("num_cached_tokens", 0)
 
     @property
     def prompt_tokens(self) -> int:
@@ -133,6 +135,11 @@ class UsageTally:
     @property
     def output_tokens(self) -> int:
         return sum(self._output.values())
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (OpenAI's prompt_tokens_details.cached_tokens)."""
+        return sum(self._cached.values())
 
 
 def _choice(
@@ -158,14 +165,20 @@ def _envelope(meta: ResponseMeta, chunked: bool) -> dict[str, Any]:
     return {"id": meta.response_id, "object": obj, "created": meta.created, "model": meta.model}
 
 
-def full_body(meta: ResponseMeta, choices: list[ChoiceState], prompt_tokens: int, output_tokens: int) -> dict:
+def full_body(
+    meta: ResponseMeta,
+    choices: list[ChoiceState],
+    prompt_tokens: int,
+    output_tokens: int,
+    cached_tokens: int = 0,
+) -> dict:
     """The non-streamed response."""
     body = _envelope(meta, chunked=False)
     body["choices"] = [
         _choice(meta, c.index, "".join(c.text), c.logprobs(), c.finish or "stop", delta=False, first=False)
         for c in choices
     ]
-    body["usage"] = usage(prompt_tokens, output_tokens)
+    body["usage"] = usage(prompt_tokens, output_tokens, cached_tokens)
     return body
 
 
@@ -176,15 +189,19 @@ def chunk(meta: ResponseMeta, state: ChoiceState, item: dict[str, Any]) -> dict[
     body = _envelope(meta, chunked=True)
     body["choices"] = [_choice(meta, state.index, text, logprobs, item["finish_reason"], True, first)]
     if meta.continuous_usage:  # as vLLM: its prompt's tokens and its choice's tokens so far
-        body["usage"] = usage(item["num_prompt_tokens"], item["num_output_tokens"])
+        body["usage"] = usage(
+            item["num_prompt_tokens"], item["num_output_tokens"], item.get("num_cached_tokens", 0)
+        )
     return body
 
 
-def usage_chunk(meta: ResponseMeta, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+def usage_chunk(
+    meta: ResponseMeta, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
     """The final chunk OpenAI sends with ``stream_options.include_usage``: no choices, only usage."""
     body = _envelope(meta, chunked=True)
     body["choices"] = []
-    body["usage"] = usage(prompt_tokens, output_tokens)
+    body["usage"] = usage(prompt_tokens, output_tokens, cached_tokens)
     return body
 
 
@@ -223,7 +240,7 @@ async def sse_stream(
 
 
 def _tail(meta: ResponseMeta, tally: UsageTally, include_usage: bool) -> bytes:
-    counts = (tally.prompt_tokens, tally.output_tokens)
+    counts = (tally.prompt_tokens, tally.output_tokens, tally.cached_tokens)
     usage_part = sse(usage_chunk(meta, *counts)) if include_usage else b""
     return usage_part + sse("[DONE]")
 

@@ -81,6 +81,7 @@ SAMPLES: dict[str, dict] = {
     "min_tokens": {"min_tokens": 1},
     "stop_token_ids": {"stop_token_ids": [2]},
     "ignore_eos": {"ignore_eos": True},
+    "cache_salt": {"cache_salt": "salt-1"},
     "prompt": {"prompt": ["Hello", "Hi"]},
     "echo": {"echo": True},
     "best_of": {"best_of": 2},
