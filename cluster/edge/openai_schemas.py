@@ -123,7 +123,7 @@ class _Sampling(_Strict):
             "stop_token_ids": tuple(self.stop_token_ids or ()),
             "ignore_eos": self.ignore_eos,
             "stop": self.stop_tuple(),
-            "grammar": grammar_fields(self.response_format),  # checks the schema: 400 points into it
+            "grammar": grammar_fields(self.response_format),  # checked off the loop: job_builder
         }
 
 
