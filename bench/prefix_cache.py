@@ -225,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-max", type=int, default=384)
     p.add_argument("--rate", type=float, default=1.0, help="conversations started per second (Poisson)")
     p.add_argument(
-        "--think-s", type=float, default=2.0, help="mean pause between an answer and the next turn"
+        "--think-s", type=float, default=1.0, help="mean pause between an answer and the next turn"
     )
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
