@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Integer, and_, case, cast, func, literal, or_, select, text
+from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cluster.ledger.schema import requests as r
@@ -65,7 +65,7 @@ def bucket_start(dialect: str, width: int | None):
     if width is None:
         return literal(0)
     if dialect == "postgresql":
-        return cast(func.floor(r.c.arrival / width), Integer) * width
+        return cast(func.floor(r.c.arrival / width), BigInteger) * width  # past 2038 too
     return (cast(r.c.arrival, Integer) // width) * width  # SQLite: integer division
 
 

@@ -33,13 +33,13 @@ def parse_instant(value: str, param: str) -> float:
     except ValueError:
         try:
             parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=UTC)
+            seconds = parsed.timestamp()
+        except (ValueError, OverflowError):  # not a date, or one past what a timestamp holds
             raise BadRequest(
                 f"{param}: {value!r} is neither ISO 8601 nor unix seconds", code="invalid_time", param=param
             ) from None
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        seconds = parsed.timestamp()
     if not math.isfinite(seconds) or seconds < 0:
         raise BadRequest(f"{param}: {value!r} is not a time", code="invalid_time", param=param)
     return seconds

@@ -115,6 +115,8 @@ def test_time_range_takes_iso_and_unix_seconds() -> None:
         ({"from": "yesterday"}, "invalid_time"),
         ({"from": "nan"}, "invalid_time"),
         ({"to": "-5"}, "invalid_time"),
+        ({"from": "0001-01-01T00:00:00-23:59"}, "invalid_time"),
+        ({"from": "inf"}, "invalid_time"),
         ({"from": "2025-12-02", "to": "2025-12-01"}, "invalid_time_range"),
         ({"from": "2024-01-01", "to": "2025-12-01"}, "time_range_too_large"),
     ],
