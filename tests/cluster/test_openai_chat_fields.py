@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.cluster.helpers import ADMIN, MODEL
+from tests.cluster.helpers import ADMIN, ALICE, MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = dict(model=MODEL, max_tokens=8, temperature=0)
@@ -135,3 +135,45 @@ def test_refusals_are_openai_errors_naming_the_field(client: openai.OpenAI, kw: 
     body = err.value.body
     assert body["param"] == param and body["type"] == "invalid_request_error", body
     assert words in body["message"], body
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "hologram"}]}]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [7]}]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "metadata": {"k": 1}}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "metadata": {str(i): "v" for i in range(17)}},
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "verbosity": "loud"}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "stream_options": {"x": 1}},
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream_options": 3}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": "all"}),
+        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}),
+        ("/v1/completions", {"prompt": [["a"]]}),
+        ("/v1/completions", {"prompt": [[1], "a"]}),
+        ("/v1/completions", {"prompt": [{"text": "a"}]}),
+        ("/v1/completions", {"prompt": ["a", "b"], "best_of": 0}),
+        ("/v1/completions", {"prompt": ["a", "b"], "n": 3, "best_of": 2}),
+        ("/v1/completions", {"prompt": [[], [1]]}),
+        ("/v1/completions", {"prompt": ["a", "b"], "echo": "yes please"}),
+    ],
+)
+def test_bad_input_on_every_new_path_is_an_openai_400(base_url: str, path: str, body: dict) -> None:
+    r = httpx.post(
+        f"{base_url}{path}",
+        json={"model": MODEL, "max_tokens": 2, **body},
+        headers={"Authorization": f"Bearer {ALICE}"},
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"], error  # it names what is wrong
