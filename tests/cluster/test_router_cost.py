@@ -43,7 +43,8 @@ def test_the_last_chunk_usage_and_done_leave_as_one_piece() -> None:
     assert len(pieces) == 3
     events = b"".join(pieces).decode().split("\n\n")
     assert events[2].startswith('data: {"id":"cmpl-x"') and '"finish_reason":"length"' in events[2]
-    assert '"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}' in events[3]
+    usage = '"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6,'
+    assert usage + '"prompt_tokens_details":{"cached_tokens":0}}' in events[3]
     assert events[4:] == ["data: [DONE]", ""]
     assert pulled == [0, 1, 2]  # the outputs were pulled to their end (the request closes as "ok")
 
