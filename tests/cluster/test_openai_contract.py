@@ -8,6 +8,7 @@ from __future__ import annotations
 import typing
 
 import httpx
+import openai
 import pytest
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import (
@@ -204,3 +205,45 @@ def test_each_content_part_works_or_is_refused_naming_the_content(base_url: str,
     message = {"role": role, "content": [PART_SAMPLES[kind]]}
     body = {"model": MODEL, "messages": [message, *HELLO], "max_tokens": 2}
     _check(_post(base_url, "/v1/chat/completions", body), CONTENT_PARTS[kind], "messages.0.content")
+
+
+def _sdk_call(create, upstream: set[str], body: dict, stream: bool) -> None:
+    """One request through the openai SDK: its own keyword arguments, the rest in extra_body; a
+    stream is read to its end (usage chunk and all)."""
+    kw = {k: v for k, v in body.items() if k in upstream}
+    extra = {k: v for k, v in body.items() if k not in upstream}
+    resp = create(**kw, extra_body=extra or None)
+    if stream:
+        chunks = list(resp)
+        assert chunks and any(c.choices for c in chunks)
+    else:
+        assert resp.choices and resp.usage.completion_tokens >= 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_field_that_works_through_the_openai_sdk(client, stream: bool) -> None:
+    """Each field that works or informs, sent by the real SDK, streamed and not."""
+    chat_keys = _keys(chat_params.CompletionCreateParamsBase) | {"stream"}
+    completion_keys = _keys(completion_params.CompletionCreateParamsBase) | {"stream"}
+    cases = [
+        (client.chat.completions.create, chat_keys, {"messages": HELLO, **SAMPLES[f]}, f)
+        for f, t in CHAT.items()
+        if t.treatment is not Treatment.REFUSED
+    ] + [
+        (client.completions.create, completion_keys, {"prompt": "Hello", **COMPLETION_SAMPLES[f]}, f)
+        for f, t in COMPLETIONS.items()
+        if t.treatment is not Treatment.REFUSED
+    ]
+    for create, upstream, sample, field in cases:
+        body = {"model": MODEL, "max_tokens": 2, "stream": stream, **sample}
+        if body["stream"] and "stream_options" not in body:
+            body["stream_options"] = {"include_usage": True}
+        if field == "best_of" and body["stream"]:  # best_of above n is not streamed (as OpenAI)
+            with pytest.raises(openai.BadRequestError) as err:
+                _sdk_call(create, upstream, body, True)
+            assert err.value.body["param"] == "best_of"
+            continue
+        try:
+            _sdk_call(create, upstream, body, body["stream"])
+        except Exception as exc:
+            raise AssertionError(f"{field} (stream={body['stream']}) through the SDK") from exc
