@@ -128,7 +128,8 @@ class AppConfig(_Frozen):
             "Longest wait of a stopping replica or router (scale-down, rolling update) for its in-flight "
             "requests; Serve routes nothing new to it meanwhile and kills it after. None = long enough "
             "for the longest answer: first_token_timeout_s + the context (engine.max_model_len, the "
-            "longest over the models, else 8192 tokens) at 10 tokens/s. A stop ends as soon as its streams do."
+            "longest over the models, else 8192 tokens) at 10 tokens/s. A stop ends as soon as its "
+            "streams do."
         ),
     )
     redis_fallback_fraction: float | None = Field(

@@ -26,7 +26,7 @@ def _keys(root: bytes, tokens: list[int], size: int = 4) -> list[bytes]:
 def test_keys_chain_over_blocks_and_roots():
     a = _keys(ROOT, list(range(12)))
     assert len(a) == 3 and len(set(a)) == 3
-    assert _keys(ROOT, list(range(8)) + [0, 0, 0, 0])[:2] == a[:2]  # a shared start shares keys
+    assert _keys(ROOT, [*range(8), 0, 0, 0, 0])[:2] == a[:2]  # a shared start shares keys
     assert _keys(ROOT, [9, *range(1, 12)])[1] != a[1]  # a key depends on every block before it
     for other in (chain_root("m", "tenant-b"), chain_root("other-model", "tenant-a")):
         assert not set(_keys(other, list(range(12)))) & set(a)
