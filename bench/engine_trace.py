@@ -174,23 +174,33 @@ def print_table(rep: dict) -> None:
         )
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
+def add_engine_args(p: argparse.ArgumentParser, model: str) -> None:
+    """The engine and run options every engine benchmark takes."""
+    p.add_argument("--model", default=model)
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--device", default="auto")
-    p.add_argument("--requests", type=int, default=600)
-    p.add_argument("--rates", default="10,20,40,inf", help="requests per second; inf = all at once")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+
+
+def add_trace_shape_args(p: argparse.ArgumentParser) -> None:
+    """The lognormal prompt and output lengths `make_trace` draws."""
     p.add_argument("--prompt-median", type=float, default=400)
     p.add_argument("--prompt-sigma", type=float, default=0.8)
     p.add_argument("--prompt-max", type=int, default=3000)
     p.add_argument("--output-median", type=float, default=200)
     p.add_argument("--output-sigma", type=float, default=0.7)
     p.add_argument("--output-max", type=int, default=1200)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(p, "smollm2-135m")
+    add_trace_shape_args(p)
+    p.add_argument("--requests", type=int, default=600)
+    p.add_argument("--rates", default="10,20,40,inf", help="requests per second; inf = all at once")
     return p
 
 

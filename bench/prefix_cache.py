@@ -32,11 +32,11 @@ import json
 import platform
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from bench.engine_trace import add_engine_args
 from replica.config import EngineConfig
 from replica.engine import Engine
 from replica.sampling_params import SamplingParams
@@ -213,9 +213,7 @@ async def run(args) -> dict:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama-3.1-8b")
-    p.add_argument("--random-weights", action="store_true")
-    p.add_argument("--device", default="auto")
+    add_engine_args(p, "llama-3.1-8b")
     p.add_argument("--tenants", type=int, default=50)
     p.add_argument("--conversations", type=int, default=50, help="conversation c is tenant c %% tenants's")
     p.add_argument("--turns", type=int, default=5)
@@ -227,10 +225,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--think-s", type=float, default=1.0, help="mean pause between an answer and the next turn"
     )
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None)
     return p
 
 

@@ -29,13 +29,12 @@ import json
 import math
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from bench.bpe_vocab import attach
-from bench.engine_trace import make_trace, summarise
+from bench.engine_trace import add_engine_args, add_trace_shape_args, make_trace, summarise
 from replica.config import EngineConfig
 from replica.engine import Engine
 from replica.grammar_spec import json_schema
@@ -146,24 +145,12 @@ def report(args, results: dict, spec) -> dict:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama-3.1-8b")
-    p.add_argument("--random-weights", action="store_true")
-    p.add_argument("--device", default="auto")
+    add_engine_args(p, "llama-3.1-8b")
+    add_trace_shape_args(p)  # output lengths are drawn too, unused: the grammar decides
     p.add_argument("--sampling", choices=("mix", "sampled"), default="mix")
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--rates", default="inf,20", help="requests per second; inf = all at once")
     p.add_argument("--max-tokens", type=int, default=512, help="a guard: answers end with their grammar")
-    p.add_argument("--prompt-median", type=float, default=400)
-    p.add_argument("--prompt-sigma", type=float, default=0.8)
-    p.add_argument("--prompt-max", type=int, default=3000)
-    # make_trace draws output lengths too; this benchmark does not use them (the grammar decides).
-    p.add_argument("--output-median", type=float, default=200)
-    p.add_argument("--output-sigma", type=float, default=0.7)
-    p.add_argument("--output-max", type=int, default=1200)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None)
     return p
 
 
