@@ -104,6 +104,9 @@ def summarise(done: list[dict], wall: float, profile: dict) -> dict:
         "graphed_fraction": profile.get("graphed_fraction"),
         "step_kinds": profile.get("kinds"),
         "device_busy_fraction": profile.get("device_busy_fraction"),
+        "steps": profile.get("steps"),
+        # Mean host and device milliseconds per step, by phase (replica/profiler.py's fields).
+        "step_ms_mean": {k: v["mean"] for k, v in profile.items() if isinstance(v, dict) and "mean" in v},
     }
 
 
@@ -112,6 +115,7 @@ async def run(args) -> dict:
         EngineConfig(
             model=args.model, device=args.device, random_weights=args.random_weights,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+            enable_prefix_caching=args.prefix_caching, context_cuda_graphs=args.context_graphs,
         )
     )  # fmt: skip
     await engine.start()
@@ -174,8 +178,9 @@ def print_table(rep: dict) -> None:
         )
 
 
-def add_engine_args(p: argparse.ArgumentParser, model: str) -> None:
-    """The engine and run options every engine benchmark takes."""
+def add_engine_args(p: argparse.ArgumentParser, model: str, caching_flag: bool = True) -> None:
+    """The engine and run options every engine benchmark takes; `caching_flag` False leaves out
+    --prefix-caching, for a benchmark that sets caching itself (bench/prefix_cache.py runs both)."""
     p.add_argument("--model", default=model)
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--device", default="auto")
@@ -183,6 +188,13 @@ def add_engine_args(p: argparse.ArgumentParser, model: str) -> None:
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--context-graphs", action="store_true", help="graph steps whose chunks continue their sequences"
+    )
+    # Off by default: these benchmarks replay one trace several times on one engine, and a later run
+    # would find the earlier run's prompts cached (bench/prefix_cache.py measures the cache itself).
+    if caching_flag:
+        p.add_argument("--prefix-caching", action="store_true", help="keep automatic prefix caching on")
 
 
 def add_trace_shape_args(p: argparse.ArgumentParser) -> None:

@@ -34,6 +34,7 @@ from ray import serve
 from cluster.app import replica_options
 from cluster.config import AppConfig, load_app_config
 from cluster.ops.local_cluster import APP_NAME, free_port, local_cluster
+from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.wire import GenerateArgs
 from loadtest.client import endpoint_path, request_body, send
 from loadtest.prompts import synthetic_prompt
@@ -55,6 +56,11 @@ class PacedReplica:
         self._step = step_s
         self._max_len = max_model_len
         self._running = 0
+        self._channels = ChannelSet()
+
+    async def generate_channel(self, args: GenerateArgs) -> dict[str, Any]:
+        """As ``ReplicaServer.generate_channel``: the outputs on the router's stream channel."""
+        return await self._channels.forward(args, self.generate(args))
 
     async def generate(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
         n = int(args.sampling["max_tokens"])

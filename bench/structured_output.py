@@ -91,6 +91,8 @@ async def run(args) -> dict:
         EngineConfig(
             model=args.model, device=args.device, random_weights=args.random_weights,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+            enable_prefix_caching=args.prefix_caching,  # off: the plain run repeats the prompts
+            context_cuda_graphs=args.context_graphs,
         )
     )  # fmt: skip
     await engine.start()
@@ -108,12 +110,15 @@ async def run(args) -> dict:
             rate = math.inf if rate_name == "inf" else float(rate_name)
             trace = make_trace(args, vocab, rate)
             grammars = engine.grammars
-            rows0, fill0 = grammars.rows_filled, grammars.fill_seconds
+            rows0, fill0, adv0 = grammars.rows_filled, grammars.fill_seconds, grammars.advance_seconds
             constrained, lengths, done = await run_once(engine, trace, args, None, spec)
             rows, fill = grammars.rows_filled - rows0, grammars.fill_seconds - fill0
             constrained["grammar_ended"] = sum(d["reason"] == "stop" for d in done)
             constrained["mask_fill_us_per_row"] = fill / max(rows, 1) * 1e6
             constrained["mask_rows_filled"] = rows
+            steps = constrained["steps"] or 1
+            constrained["mask_fill_ms_per_step"] = fill * 1e3 / steps
+            constrained["advance_ms_per_step"] = (grammars.advance_seconds - adv0) * 1e3 / steps
             constrained["output_len_mean"] = float(np.mean(lengths))
             plain, _, _ = await run_once(engine, trace, args, lengths, spec)
             ratio = constrained["output_tokens_per_s"] / plain["output_tokens_per_s"]

@@ -51,6 +51,7 @@ def replica_options(config: AppConfig, model: ModelSettings | None = None) -> di
             request_router_class=KVAwareRouter,
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
             request_routing_stats_timeout_s=5.0,
+            request_router_kwargs={"replica_choice": config.replica_choice},
         ),
         "health_check_period_s": 5.0,
         **graceful_shutdown(config),

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.model_settings import (
+    TOOL_CALL_PARSER_NOTE,
     AutoscalingSettings,
     EngineSettings,
     ModelSettings,
+    ToolCallParser,
     check_unique,
     deployment_names,
     inherit_entries,
 )
+from tenancy.dispatch_policy import DispatchPolicy
 
 # The longest answer a replica may be asked for when ``engine.max_model_len`` is None: the engine's
 # own context cap (``replica.engine.MAX_CONTEXT_CAP``; not imported: that would load torch here).
@@ -65,6 +68,24 @@ class AppConfig(_Frozen):
         ge=1,
         description="Requests in flight per replica at most; the rest wait in the fair queue.",
     )
+    tool_call_parser: ToolCallParser = Field(default="auto", description=TOOL_CALL_PARSER_NOTE)
+    replica_choice: Literal["load", "prefix"] = Field(
+        default="prefix",
+        description=(
+            "How a router picks the replica for a request (cluster/routing/replica_ranking.py): "
+            "prefix weighs the prompt tokens a replica's prefix cache holds against its queued "
+            "tokens, so a conversation's later turns go where its history is cached; load ranks by "
+            "queued tokens and free KV alone."
+        ),
+    )
+    dispatch_policy: DispatchPolicy = Field(
+        default="fairlane",
+        description=(
+            "The order in which waiting requests get a replica: fairlane (virtual token counters within "
+            "SLA tiers; an at-risk request pulls its tier ahead), vtc (counters, one tier) or fcfs "
+            "(arrival order, no room reserved). docs/tenancy.md, section 5."
+        ),
+    )
     queue_timeout_s: float = Field(default=60.0, gt=0, description="Longest wait in the fair queue.")
     first_token_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait for the first token.")
     token_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between streamed tokens.")
@@ -88,6 +109,24 @@ class AppConfig(_Frozen):
             "replicas and streams are added; each stream's tokens all arrive, in larger items."
         ),
     )
+    stream_channel: bool = Field(
+        default=True,
+        description=(
+            "Streamed outputs travel on a channel per router and replica (one TCP connection from the "
+            "replica to a port the router opens on its node): one frame per flush carries every open "
+            "stream's new tokens, instead of one Serve stream item per request. stream_interval_s and "
+            "stream_items_per_s then do not apply; stream_flush_s does. False: one Serve stream per request."
+        ),
+    )
+    stream_flush_s: float = Field(
+        default=0.02,
+        gt=0,
+        le=0.02,
+        description=(
+            "With stream_channel, a replica writes each router's frame at most this often (the first "
+            "and the last output of a request at once): each token waits at most one flush."
+        ),
+    )
     handle_grpc: bool = Field(
         default=True,
         description=(
@@ -103,6 +142,16 @@ class AppConfig(_Frozen):
             "about a sixth less router CPU and a fifth less proxy CPU per request."
         ),
     )
+    direct_ingress: bool = Field(
+        default=False,
+        description=(
+            "Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in every Ray process: set by "
+            "`fairlane serve` when it starts Ray, and by the chart's pod env): each router also serves "
+            "HTTP on a port of its own (its node's first free port from 30000), so its clients skip "
+            "the proxy hop: 2.4x less router + proxy CPU per stream, 3.2x per short request. The proxy "
+            "then runs on the head node only (still on `port`); a stopping router stays up at least 30 s."
+        ),
+    )
     serve_access_log: bool = Field(
         default=False,
         description=(
@@ -111,6 +160,12 @@ class AppConfig(_Frozen):
         ),
     )
     load_poll_interval_s: float = Field(default=1.0, gt=0, description="How often routers poll replica load.")
+    counter_sync_s: float = Field(
+        default=0.1,
+        gt=0,
+        description="How often several routers exchange fair-share counters through Redis (one script "
+        "call each). The gap between equal tenants grows with it (docs/tenancy.md, several routers).",
+    )
     max_body_bytes: int = Field(default=4_000_000, gt=0, description="Largest request body (413 beyond).")
     first_token_retries: int = Field(
         default=2,
@@ -176,6 +231,12 @@ class AppConfig(_Frozen):
     ledger_retention_days: float | None = Field(
         default=400, gt=0, description="Ledger rows older than this are deleted (hourly); None: kept."
     )
+    ledger_rollup_retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Hours of the ledger's hourly rollup older than this are deleted; None: as long as "
+        "the rows (never shorter: reports read whole hours from the rollup).",
+    )
     host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")
     port: int = Field(default=8000, gt=0, lt=65536, description="HTTP port of the Serve proxy.")
     served_model_name: str = Field(
@@ -217,6 +278,7 @@ class AppConfig(_Frozen):
             replica_num_cpus=self.replica_num_cpus,
             replica_num_gpus=self.replica_num_gpus,
             replica_room=self.replica_room,
+            tool_call_parser=self.tool_call_parser,
         )
         return (single,)
 

@@ -21,7 +21,13 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$"
 # that look the replicas up by it keep working, and adding a model does not redeploy the first one.
 FIRST_DEPLOYMENT = "Replica"
 # Top-level fields a `models` entry takes when it does not give its own.
-INHERITED = ("replica_num_cpus", "replica_num_gpus", "replica_room")
+INHERITED = ("replica_num_cpus", "replica_num_gpus", "replica_room", "tool_call_parser")
+# How a model writes tool calls (cluster/text/tool_parsers.py); auto: guessed from its chat template.
+ToolCallParser = Literal["auto", "hermes", "llama3_json"]
+TOOL_CALL_PARSER_NOTE = (
+    "How the model writes tool calls: hermes (<tool_call> tags: Hermes, Qwen), llama3_json (Llama 3.1+ "
+    "JSON), or auto (guessed from the chat template; hermes where it shows no tools)."
+)
 
 
 class _Frozen(BaseModel):
@@ -104,6 +110,7 @@ class ModelSettings(_Frozen):
     replica_room: int = Field(
         default=8, ge=1, description="Requests in flight per replica of this model at most."
     )
+    tool_call_parser: ToolCallParser = Field(default="auto", description=TOOL_CALL_PARSER_NOTE)
 
     @property
     def min_replicas(self) -> int:

@@ -14,10 +14,11 @@ from rich.table import Table
 
 from cluster.config import AppConfig, load_app_config
 from cluster.drain import StopSignal
+from cluster.ops.direct_ingress import router_urls
 from cluster.ops.local_cluster import APP_NAME, free_port, local_cluster
 from fairlane.bench_cli import bench_app
 from fairlane.chaos_cli import chaos_app
-from tenancy import DEMO_KEYS
+from tenancy import DEMO_KEYS, DISPATCH_POLICIES
 
 app = typer.Typer(help="fairlane: multi-tenant LLM serving on Ray Serve.", no_args_is_help=True)
 console = Console(width=160)  # tables stay readable when piped
@@ -44,9 +45,36 @@ def serve_cmd(
     served_model_name: str | None = typer.Option(
         None, "--served-model-name", help="The model's name in the API; default: the directory's name."
     ),
+    replica_choice: str | None = typer.Option(
+        None,
+        "--replica-choice",
+        help="prefix (default: prefer the replica caching the prompt's prefix) or load (load alone).",
+    ),
+    dispatch_policy: str | None = typer.Option(
+        None,
+        "--dispatch-policy",
+        help="fairlane (default: fair share within SLA tiers), vtc (fair share, one tier) or fcfs "
+        "(arrival order).",
+    ),
+    direct_ingress: bool = typer.Option(
+        False,
+        "--direct-ingress",
+        help="Each router also serves HTTP on a port of its own (30000 up), skipping Serve's proxy: "
+        "less CPU per request. Prints the routers' URLs.",
+    ),
 ) -> None:
     """Run the cluster until interrupted (default: local Ray, in-memory quotas, SmolLM2, port 8000)."""
-    overrides = {} if port is None else {"port": port}
+    overrides: dict = {} if port is None else {"port": port}
+    if replica_choice is not None:
+        if replica_choice not in ("load", "prefix"):
+            raise typer.BadParameter("--replica-choice is load or prefix")
+        overrides["replica_choice"] = replica_choice
+    if dispatch_policy is not None:
+        if dispatch_policy not in DISPATCH_POLICIES:
+            raise typer.BadParameter(f"--dispatch-policy is one of {', '.join(DISPATCH_POLICIES)}")
+        overrides["dispatch_policy"] = dispatch_policy
+    if direct_ingress:
+        overrides["direct_ingress"] = True
     cfg = with_model(load_app_config(config, overrides), model, served_model_name)
     stop = StopSignal()
     # SIGTERM handling goes in between ray.init (which installs Ray's own, aborting handler) and
@@ -54,7 +82,21 @@ def serve_cmd(
     with local_cluster(cfg, address, on_ray_up=stop.install) as base_url:
         names = ", ".join(m.name for m in cfg.served_models)
         console.print(f"fairlane serving [bold]{names}[/] at {base_url}/v1 (Ctrl-C to stop)")
+        if cfg.direct_ingress:
+            print_router_urls(cfg)
         stop.wait()
+
+
+def print_router_urls(cfg: AppConfig) -> None:
+    """The routers' own URLs (direct ingress), or why there are none (a joined cluster without it)."""
+    urls = router_urls(APP_NAME, cfg.host)
+    for url in urls:
+        console.print(f"router (direct ingress, no proxy hop) at {url}/v1")
+    if not urls:
+        console.print(
+            "[yellow]direct ingress is off in this Ray cluster[/]: its Ray processes need "
+            "RAY_SERVE_ENABLE_DIRECT_INGRESS=1 when they start; clients use the proxy URL above"
+        )
 
 
 def with_model(cfg: AppConfig, model: str | None, served_name: str | None) -> AppConfig:
@@ -74,19 +116,21 @@ def with_model(cfg: AppConfig, model: str | None, served_name: str | None) -> Ap
 
 @app.command()
 def demo(
-    duration: float = typer.Option(25.0, help="Seconds of load."),
+    duration: float | None = typer.Option(None, help="Seconds of load per policy (25; 8 with --quick)."),
+    quick: bool = typer.Option(False, "--quick", help="A short run (the test's): 8 s of load per policy."),
+    seed: int = typer.Option(7, help="Seed of the prompts and pauses (the same for both runs)."),
     port: int | None = typer.Option(None, help="HTTP port; default: a free one."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write both reports to this file."),
 ) -> None:
-    """Start the cluster, run three tenants (one noisy) for a short while, print the SLA table."""
-    from fairlane.demo import print_report, run_load
+    """Run one seeded load (carol floods, alice and dave ask quietly) under fcfs, then under
+    fairlane, on the local cluster; print the quiet tenants' TTFT and SLA attainment side by side."""
+    from fairlane.demo import run_demo, write_json
+    from fairlane.demo_load import demo_load
 
-    cfg = _cpu_demo_config(port or free_port())
-    with local_cluster(cfg) as base_url:
-        console.print(
-            f"cluster up at {base_url}; load: alice x1, bob x2, carol x8 (noisy) for {duration:.0f}s"
-        )
-        report = asyncio.run(run_load(base_url, cfg.served_model_name, duration))
-    print_report(report, console)
+    load = demo_load(duration if duration is not None else (8.0 if quick else 25.0), seed)
+    result = run_demo(load, port or free_port(), console)
+    if json_out is not None:
+        write_json(result, load, json_out)
 
 
 @app.command()
@@ -231,12 +275,29 @@ def simulate_cmd(
     autoscale_max: int | None = typer.Option(None, "--autoscale-max", help="Autoscale up to this many."),
     records: bool = typer.Option(True, "--records/--no-records", help="Write per-request records.jsonl."),
     seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed."),
+    routers: int = typer.Option(1, "--routers", help="Routers, each its own fair queue and room share."),
+    counter_sync_s: float | None = typer.Option(
+        None, "--counter-sync-s", help="Routers' counter exchange period (default: the cluster's, 0.1 s)."
+    ),
+    router_choice: str = typer.Option("power_of_two", "--router-choice", help="power_of_two or random."),
+    share_lifts: bool = typer.Option(
+        False, "--share-lifts/--local-lifts", help="Routers share lifts as offsets (tenancy/shared_lifts.py)."
+    ),
 ) -> None:
     """Discrete-event simulation of the real admission, fair queue and dispatch at platform scale."""
-    from loadtest.sim.cli import build_spec, run_cli
+    from loadtest.sim.cli import RouterOptions, build_spec, run_cli
 
     spec = build_spec(
-        tenants, replicas, requests, policies, load_factor, step_model, autoscale_max, records, seed
+        tenants,
+        replicas,
+        requests,
+        policies,
+        load_factor,
+        step_model,
+        autoscale_max,
+        records,
+        seed,
+        RouterOptions(routers, counter_sync_s, router_choice, share_lifts),
     )
     run_cli(scenario, spec, out, console)
 

@@ -1,113 +1,111 @@
-"""``fairlane demo``: a short multi-tenant load on the embedded cluster, then a per-tenant SLA table.
+"""``fairlane demo``: the same seeded load under ``fcfs`` and under ``fairlane``, side by side.
 
-Three demo tenants: alice (interactive) asks one question at a time, bob (standard) keeps two
-requests going, carol (batch) floods with many. Everything runs locally: no GPU, Redis or network.
+One local Ray and Serve for both runs: the app is deployed with ``dispatch_policy=fcfs``, the load
+runs, then the app is redeployed under the same name with ``dispatch_policy=fairlane`` and the same
+load runs again. The tenancy file (``tenancy/demo_cpu_tenants.yaml``) has SLA targets sized for
+SmolLM2 on a CPU, so the quiet tenants can meet them when the router lets them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import dataclass
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
-import httpx
 from rich.console import Console
-from rich.table import Table
 
-from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
+from cluster.config import AppConfig
+from cluster.ops.local_cluster import local_cluster, redeploy
+from fairlane.demo_load import DemoLoad, LoadResult, run_load
+from fairlane.demo_report import print_comparison, quiet_figures, sla_table
 
-QUESTIONS = (
-    "What is the capital of France?",
-    "Name three primary colours.",
-    "What is two plus two?",
-    "Give me a synonym for happy.",
-)
+DEMO_TENANCY = Path(__file__).resolve().parents[1] / "tenancy" / "demo_cpu_tenants.yaml"
+POLICIES = ("fcfs", "fairlane")
+QUIET = ("alice", "dave")
+NOISY = "carol"
+# Room for eight requests on the replica: the fairlane dispatcher keeps two of them for tenants
+# holding little (a quarter), so both quiet tenants fit while carol holds the other six.
+DEMO_ROOM = 8
+
+
+def demo_config(port: int, policy: str) -> AppConfig:
+    """The embedded default on a small CPU box (SmolLM2 on CPU), with the demo's tenants."""
+    return AppConfig.model_validate(
+        {
+            "engine": {"device": "cpu", "kv_cache_tokens": 8192},
+            "replica_room": DEMO_ROOM,
+            "port": port,
+            "tenancy_config": str(DEMO_TENANCY),
+            "dispatch_policy": policy,
+            "ledger": False,  # each run's report from the router's memory, reset at its start
+            "drain_timeout_s": 10.0,
+        }
+    )
 
 
 @dataclass(frozen=True, slots=True)
-class TenantLoad:
-    tenant: str
-    concurrency: int
-    max_tokens: int
+class DemoResult:
+    reports: dict[str, dict]  # dispatch policy -> the run's admin SLA report
+    lone_ttft_s: dict[str, float]  # dispatch policy -> a lone request's TTFT before its run
+
+    def quiet_ttft_p99_s(self, policy: str) -> float | None:
+        return quiet_figures(self.reports[policy], QUIET).ttft_p99_s
 
 
-DEMO_LOAD = (TenantLoad("alice", 1, 12), TenantLoad("bob", 2, 16), TenantLoad("carol", 8, 32))
-
-
-async def _worker(client: httpx.AsyncClient, load: TenantLoad, model: str, until: float, i: int) -> None:
-    headers = {"Authorization": f"Bearer {DEMO_KEYS[load.tenant]}"}
-    n = i
-    while time.monotonic() < until:
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": QUESTIONS[n % len(QUESTIONS)]}],
-            "max_tokens": load.max_tokens,
-            "temperature": 0.7,
-            "seed": n,
-        }
-        n += 1
-        r = await client.post("/v1/chat/completions", json=body, headers=headers)
-        if r.status_code == 429:  # honour Retry-After, as a well-behaved client does
-            await asyncio.sleep(float(r.headers.get("retry-after", "1")))
-
-
-async def run_load(base_url: str, model: str, duration_s: float) -> dict:
-    """Drive the demo load for ``duration_s``; returns the admin SLA report."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
-        admin = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
-        await client.post("/admin/timings/reset", headers=admin)
-        until = time.monotonic() + duration_s
-        tasks = [
-            _worker(client, load, model, until, i) for load in DEMO_LOAD for i in range(load.concurrency)
-        ]
-        await asyncio.gather(*tasks)
-        return (await client.get("/admin/sla", headers=admin)).json()
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
-
-
-def sla_table(report: dict, title: str) -> Table:
-    """A rich table: one row per tenant with latency percentiles, attainment and cost."""
-    table = Table(title=title)
-    for col in (
-        "tenant",
-        "class",
-        "ok",
-        "rejected",
-        "out tok",
-        "TTFT p50/p99 ms",
-        "TPOT p50 ms",
-        "E2E p99 ms",
-        "SLA met",
-        "goodput r/s",
-        "$/success",
-    ):
-        table.add_column(col, justify="left" if col in ("tenant", "class") else "right")
-    for g in report["tenants"]:
-        attain = "-" if g["sla_attainment"] is None else f"{g['sla_attainment']:.0%}"
-        cost = "-" if g["dollars_per_success"] is None else f"{g['dollars_per_success']:.6f}"
-        table.add_row(
-            g["tenant_id"],
-            g["sla_class"],
-            str(g["ok"]),
-            str(g["rejected"]),
-            str(g["output_tokens"]),
-            f"{_ms(g['ttft_s']['p50'])}/{_ms(g['ttft_s']['p99'])}",
-            _ms(g["tpot_s"]["p50"]),
-            _ms(g["e2e_s"]["p99"]),
-            attain,
-            f"{g['goodput_rps']:.2f}",
-            cost,
-        )
-    return table
-
-
-def print_report(report: dict, console: Console | None = None) -> None:
-    console = console or Console()
-    title = (
-        f"fairlane demo: {report['window_s']:.0f}s, {report['replica_seconds']:.0f} replica-s, "
-        f"${report['gpu_dollars']:.4f} of GPU time"
+def run_demo(load: DemoLoad, port: int, console: Console) -> DemoResult:
+    """Both runs on one cluster; prints each run's table as it ends, then the comparison."""
+    reports: dict[str, dict] = {}
+    lone: dict[str, float] = {}
+    first = demo_config(port, POLICIES[0])
+    model = first.served_model_name
+    _quiet_serve_logs()
+    with local_cluster(first) as base_url:
+        console.print(f"cluster up at {base_url} (SmolLM2 on CPU, one replica, room for {DEMO_ROOM})")
+        for policy in POLICIES:
+            if policy != POLICIES[0]:
+                console.print(f"redeploying with dispatch_policy={policy} ...")
+                base_url = redeploy(demo_config(port, policy))
+            console.print(f"dispatch_policy={policy}: {_load_line(load)}")
+            result: LoadResult = asyncio.run(run_load(base_url, model, load))
+            reports[policy], lone[policy] = result.report, result.lone_ttft_s
+            console.print(sla_table(result.report, f"dispatch_policy={policy}: {load.duration_s:.0f}s"))
+    console.print(
+        f"a lone request's TTFT on this machine: {lone[POLICIES[-1]] * 1000:.0f} ms; interactive TTFT "
+        f"target: {_interactive_target_s():.2f} s ({DEMO_TENANCY.name})"
     )
-    console.print(sla_table(report, title))
+    print_comparison(reports, QUIET, NOISY, console)
+    return DemoResult(reports, lone)
+
+
+def _quiet_serve_logs() -> None:
+    """Serve's INFO lines on the driver (starting, connecting, app ready) say what the demo's own
+    lines say; warnings and errors still show."""
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+
+
+def _load_line(load: DemoLoad) -> str:
+    parts = [
+        f"{t.tenant} x{t.concurrency}{' (noisy)' if not t.quiet else ''}, {t.max_tokens} tokens"
+        for t in load.tenants
+    ]
+    return f"{'; '.join(parts)}; {load.duration_s:.0f}s"
+
+
+def _interactive_target_s() -> float:
+    from tenancy.loader import load_tenancy_config
+
+    config = load_tenancy_config(DEMO_TENANCY)
+    return next(c.ttft_target_s for c in config.sla_classes if c.name == "interactive")
+
+
+def write_json(result: DemoResult, load: DemoLoad, path: Path) -> None:
+    """The two reports and the load, for scripts and the demo's test."""
+    body = {
+        "load": asdict(load),
+        "lone_ttft_s": result.lone_ttft_s,
+        "quiet_ttft_p99_s": {p: result.quiet_ttft_p99_s(p) for p in POLICIES},
+        "reports": result.reports,
+    }
+    path.write_text(json.dumps(body, indent=2), encoding="utf-8")

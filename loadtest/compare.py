@@ -34,7 +34,7 @@ def compare_rows(a: dict, b: dict) -> list[tuple[str, str, str, str]]:
     fa, fb = a["fairness"], b["fairness"]
     for key, label, fmt in (
         ("max_service_gap", "max service gap (weighted tok/window)", "{:.0f}"),
-        ("jain_backlogged_mean", "Jain, backlogged windows", "{:.3f}"),
+        ("jain_backlogged_mean", "Jain, same class & weight, backlogged", "{:.3f}"),
         ("jain_overall", "Jain, whole run", "{:.3f}"),
     ):
         rows.append((label, num(fa[key], fmt), num(fb[key], fmt), num(ratio(fa[key], fb[key]))))

@@ -12,7 +12,7 @@ from loadtest.compare import compare_rows, quiet_ttft_p99_ratio
 from loadtest.figures import run_figures, ttft_compare
 from loadtest.html_report import page, print_tables
 from loadtest.run_dir import read_run_records, read_server, read_summary, write_json
-from loadtest.tables import compare_table, fairness_table, ms, summary_table
+from loadtest.tables import compare_table, fairness_table, ms, share_table, summary_table
 
 REPORT_FILE = "report.html"
 NOTES = (
@@ -60,6 +60,9 @@ def render_run(run: Path, console: Console | None = None) -> Path:
     records = read_run_records(run)
     figures = run_figures(records, summary, run / "figures")
     tables = [summary_table(summary), fairness_table(summary)]
+    shares = share_table(summary)
+    if shares is not None:
+        tables.append(shares)
     agreement = agreement_table(run)
     if agreement is not None:
         tables.append(agreement)

@@ -10,6 +10,7 @@ import numpy as np
 from loadtest.fairness import fairness_report, window_edges
 from loadtest.metrics import errors_by_type, group_metrics, measured_window
 from loadtest.records import RequestRecord
+from loadtest.share_split import attainment_by_share, share_split
 from tenancy import SLAClass
 
 MIN_WINDOW_S = 1.0
@@ -81,6 +82,8 @@ def summarize(
 
     Latency, throughput and attainment leave warm-up requests out; service and the timelines
     count every request (a warm-up request still takes its share of the replica after warm-up).
+    ``meta["capacity_output_tps"]``, when known, decides which tenants are within their fair
+    share (``loadtest/share_split.py``); without it the run's own output throughput stands in.
     """
     by_class = {c.name: c for c in classes}
     measured = [r for r in records if not r.warmup]
@@ -101,6 +104,10 @@ def summarize(
         name: group_metrics([r for r in measured if r.sla_class == name], by_class, span)
         for name in sorted({r.sla_class for r in measured})
     }
+    split = share_split(records, meta.get("duration_s") or span or 1.0, meta.get("capacity_output_tps"))
+    within = {t: v["within_share"] for t, v in split["tenants"].items()}
+    for tid, v in split["tenants"].items():
+        tenants[tid]["within_share"] = v["within_share"]
     return {
         "meta": meta,
         "requests_total": len(records),
@@ -110,6 +117,8 @@ def summarize(
         "overall": group_metrics(measured, by_class, span),
         "tenants": tenants,
         "classes": classes_out,
+        "fair_share": split,
+        "attainment_by_share": attainment_by_share(measured, by_class, within, span),
         "sla_targets": {c.name: c.model_dump() for c in classes},
         "errors": errors_by_type(measured),
         "fairness": asdict(fairness_report(records, float(edges[0]), float(edges[-1]), width)),

@@ -84,10 +84,11 @@ def fairness_table(summary: dict) -> Table:
     table.add_column("value", justify="right")
     rows = [
         ("window (s)", num(f["window_s"], "{:.1f}")),
-        ("windows with ≥2 backlogged tenants", str(f["windows_compared"])),
-        ("max service gap (weighted tokens / window)", num(f["max_service_gap"], "{:.0f}")),
+        ("windows × groups with ≥2 backlogged tenants", str(f["windows_compared"])),
+        ("max gap, same class & weight (weighted tokens / window)", num(f["max_service_gap"], "{:.0f}")),
         ("max service gap (weighted tokens / s)", num(f["max_service_gap_rate"], "{:.1f}")),
-        ("Jain index, backlogged windows (mean)", num(f["jain_backlogged_mean"], "{:.3f}")),
+        ("Jain index, same class & weight, backlogged (mean)", num(f["jain_backlogged_mean"], "{:.3f}")),
+        ("Jain index, same class & weight, backlogged (min)", num(f.get("jain_backlogged_min"), "{:.3f}")),
         ("Jain index, whole run", num(f["jain_overall"], "{:.3f}")),
         ("replica-seconds", num(c["replica_seconds"], "{:.1f}")),
         ("GPU dollars", num(c["dollars"], "{:.5f}")),
@@ -96,6 +97,33 @@ def fairness_table(summary: dict) -> Table:
     ]
     for row in rows:
         table.add_row(*row)
+    return table
+
+
+def share_table(summary: dict) -> Table | None:
+    """Per class: attainment of its tenants within their max-min fair share and of those over it."""
+    split, by_share = summary.get("fair_share"), summary.get("attainment_by_share")
+    if not split or not by_share:  # a summary written before the split existed
+        return None
+    cap = split.get("capacity_output_tps")
+    table = Table(
+        title=f"within / over fair share (capacity {num(cap, '{:,.1f}')} out tok/s: "
+        f"{split.get('capacity_source', '-')}; offered {num(split.get('offered_over_capacity'))}× it)"
+    )
+    for col in ("class", "share", "tenants", "req", "ok/429/err", "TTFT p99", "TTFT met", "SLA met"):
+        table.add_column(col, justify="left" if col in ("class", "share", "tenants") else "right")
+    for cls, sides in by_share.items():
+        for side, g in sides.items():
+            table.add_row(
+                cls,
+                side,
+                ", ".join(g["tenants"]),
+                str(g["requests"]),
+                f"{g['ok']}/{g['rejected']}/{g['failed']}",
+                dur(g["ttft_s"]["p99"]),
+                pct(g.get("ttft_attainment")),
+                pct(g["sla_attainment"]),
+            )
     return table
 
 

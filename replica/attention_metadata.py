@@ -53,4 +53,7 @@ class AttentionMetadata:
     prefill_max_k: int = 0
     # "flash_padded" (a mixed CUDA graph, see mixed_graphs.py): the step's decode row count on the device
     decode_rows: torch.Tensor | None = None
+    # "flash_padded" with chunks that continue their sequences: the flat cache slot of each packed key
+    # (chunk i's whole context at prefill_cu_k[i]; padding reads slot 0 of the reserved block 0)
+    prefill_key_slots: torch.Tensor | None = None
     decode_kernel: DecodeKernelShape = DecodeKernelShape()  # CUDA: how the Triton decode kernel divides work

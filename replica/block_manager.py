@@ -104,6 +104,11 @@ class BlockManager:
         self._key_of[block] = key
         self._block_of[key] = block
 
+    def cached_keys(self) -> list[bytes]:
+        """Every registered key, for the replica's cache summary. Read from another thread: list() of
+        a dict of bytes runs without releasing the GIL, so it sees the index between two changes."""
+        return list(self._block_of)
+
     def lookup(self, keys: list[bytes]) -> list[int]:
         """The blocks of the longest run of `keys` that is indexed, from the first."""
         found = []

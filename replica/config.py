@@ -35,6 +35,11 @@ class EngineConfig:
     # CUDA, bf16/fp16: graphs also for greedy steps that mix decode rows with prompt chunks starting
     # their sequence (padded to a token ladder; see replica/mixed_graphs.py). Needs cuda_graphs.
     mixed_cuda_graphs: bool = True
+    # Also graph mixed steps whose chunks continue their sequences (a prompt after a cached prefix,
+    # a long prompt's later chunks): a second ladder of gathered keys (replica/mixed_graphs.py).
+    # Off until tests/gpu/test_varlen_prefill.py's context tests and bench/prefix_cache.py have run
+    # on a GPU with it on (written without GPU time). Needs mixed_cuda_graphs.
+    context_cuda_graphs: bool = False
     # Where mixed graphs run: a prompt that fits a step whole is not split behind another prompt's
     # chunk (it starts the next step), so prefill steps stay graphable. On the H200 it cut SmolLM2's
     # TTFT p50 from 38 to 11 ms; on the 8B shape's lockstep benchmark (32 equal prompts) it cost

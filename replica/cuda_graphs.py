@@ -28,9 +28,10 @@ class DecodeGraphs:
         self.pool = None
         self.replays = 0  # steps run by these graphs (tests and benchmarks read it)
 
-    def capture(self, stream: torch.cuda.Stream) -> None:
-        """Capture every (set, size), largest first so smaller graphs reuse the pool's blocks."""
-        self.pool = torch.cuda.graph_pool_handle()
+    def capture(self, stream: torch.cuda.Stream, pool=None) -> None:
+        """Capture every (set, size), largest first so smaller graphs reuse the pool's blocks. `pool`:
+        one shared with other graph sets (steps run one after another on one stream)."""
+        self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
         with torch.cuda.stream(stream):
             for size in self.sizes:
                 for set_index in (0, 1):

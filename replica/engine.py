@@ -14,10 +14,8 @@ in one batch per step through `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
-import random
 import sys
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as SeqOf
@@ -26,17 +24,18 @@ import torch
 
 from replica.attention_metadata import DecodeKernelShape
 from replica.block_manager import BlockManager
+from replica.cache_summary import CacheSummary, build_summary
 from replica.config import EngineConfig
 from replica.detokenizer import IncrementalDetokenizer
 from replica.engine_core import EngineCore, _Abort, _Add, _Hold
-from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError, PromptTooLongError
+from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError
 from replica.generation_defaults import GenerationDefaults
 from replica.grammar_compiler import GrammarCompiler
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput
 from replica.prefix_cache import chain_root
-from replica.sampler import mix_seed
+from replica.request_intake import check_fits, check_params, make_sequences, prompt_ids
 from replica.sampling_params import SamplingParams
 from replica.scheduler import Scheduler
 from replica.sequence import Sequence
@@ -55,6 +54,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue] = {}
+        self.waiting_tokens = 0  # uncached prompt + answer budget of requests not producing yet
 
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -96,8 +96,9 @@ class Engine:
             self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
             cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
             decode_kernel=decode_kernel, k_slices=cfg.decode_k_slices, triton_gemms=cfg.decode_triton_gemms,
+            context_graphs=cfg.context_cuda_graphs,
         )  # fmt: skip
-        whole = cfg.keep_prompts_whole and bool(runner.mixed_graphs)  # the rule serves the graphs
+        whole = cfg.keep_prompts_whole and bool(runner.mixed.fresh)  # the rule serves the graphs
         scheduler = Scheduler(
             blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width, keep_prompts_whole=whole
         )
@@ -157,13 +158,19 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         cache_scope: str = "",
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (each sample's under its `index`); it ends when every sample has.
         Leaving the loop early aborts the request and frees its KV blocks. `cache_scope`: whose
         prefix cache the request may use (the router's tenant or cache group, and a salt); requests
-        of different scopes never share cached blocks."""
-        seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex, cache_scope)
+        of different scopes never share cached blocks. `priority`: the request's SLA tier (0 first);
+        the scheduler admits and preempts by it (replica/scheduler.py)."""
+        seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex, cache_scope, priority)
         request_id = seqs[0].request_id
+        # Work ahead of this request's first token, in the routers' units (kv_router): its uncached
+        # prompt and its answer budget, until it produces.
+        waiting = seqs[0].num_prompt - self.core.scheduler.cached_tokens(seqs[0])
+        waiting += params.max_tokens * len(seqs)
         stream: asyncio.Queue = asyncio.Queue()
         for seq in seqs:  # outputs go to this call's queue, never to a later request of the same id
             seq.sink = stream
@@ -178,15 +185,19 @@ class Engine:
             self._streams.pop(request_id, None)
             raise EngineStoppedError(f"the engine loop stopped: {self.core.crashed!r}")
         open_samples = len(seqs)
+        self.waiting_tokens += waiting
         try:
             while open_samples:
                 item = await stream.get()
+                self.waiting_tokens -= waiting
+                waiting = 0
                 if isinstance(item, Exception):
                     open_samples = 0
                     raise item
                 open_samples -= item.finished
                 yield item
         finally:
+            self.waiting_tokens -= waiting
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
             if open_samples:
@@ -216,91 +227,46 @@ class Engine:
             self.core.inbox.put(_Abort(request_id))
 
     def _admit(
-        self, prompt, params: SamplingParams, request_id: str, cache_scope: str = ""
+        self, prompt, params: SamplingParams, request_id: str, cache_scope: str = "", priority: int = 0
     ) -> tuple[list[Sequence], list[IncrementalDetokenizer | None]]:
-        """The request's sequences (one per sample) and their detokenizers, validated."""
+        """The request's sequences (one per sample) and their detokenizers, validated
+        (``replica/request_intake.py``)."""
         if not self.running:
             raise EngineStoppedError("the engine is not running")
         if request_id in self._streams:
             raise DuplicateRequestError(f"request id {request_id!r} is already in flight")
-        ids = self._prompt_ids(prompt)
-        self._check_fits(len(ids), params.max_tokens)
-        self._check_params(params)
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this model has none")
-        seed = params.seed if params.seed is not None else random.getrandbits(32)
-        ban = (() if params.ignore_eos else tuple(sorted(self.core.eos_ids))) + params.stop_token_ids
-        arrival = time.monotonic()
-        root = self._cache_root(cache_scope)
-        seqs = [
-            Sequence(
-                request_id=request_id,
-                tokens=list(ids),
-                num_prompt=len(ids),
-                params=params,
-                seed=_fold32(mix_seed(seed, index)),
-                arrival=arrival,
-                max_len=self.max_model_len,
-                index=index,
-                min_tokens_ban=ban if params.min_tokens else (),
-                cache_root=root,
-            )
-            for index in range(params.n)
-        ]
-        seqs[0].forks = seqs[1:]
-        detoks = [
-            IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output)
-            if self.tokenizer is not None
-            else None
-            for _ in seqs
-        ]
-        return seqs, detoks
+        vocab = self.loaded.config.vocab_size
+        ids = prompt_ids(prompt, self.tokenizer, vocab)
+        check_fits(len(ids), params.max_tokens, self.max_model_len, self.core.blocks)
+        check_params(params, vocab, self.config.max_num_seqs, self.tokenizer)
+        return make_sequences(
+            ids,
+            params,
+            request_id,
+            eos_ids=self.core.eos_ids,
+            max_model_len=self.max_model_len,
+            cache_root=self._cache_root(cache_scope),
+            priority=priority,
+            tokenizer=self.tokenizer,
+        )
 
     def _cache_root(self, scope: str) -> bytes | None:
         """The root of the request's prefix chain: the weights (name, random or not, seed) and scope."""
-        cfg = self.config
-        if not cfg.enable_prefix_caching:
+        if not self.config.enable_prefix_caching:
             return None
-        model = f"{cfg.model}|{cfg.random_weights}|{cfg.weights_seed}"
-        return chain_root(model, scope)
+        return chain_root(self.cache_model_key(), scope)
 
-    def _check_params(self, params: SamplingParams) -> None:
-        """What only the loaded model and this engine's sizes can tell."""
-        vocab = self.loaded.config.vocab_size
-        bad = [t for t, _ in params.logit_bias if t >= vocab]
-        if bad:
-            raise InvalidRequestError(f"logit_bias: token ids out of range [0, {vocab}): {bad[:5]}")
-        if params.n > self.config.max_num_seqs:
-            raise InvalidRequestError(f"n is at most {self.config.max_num_seqs} on this replica")
+    def cache_model_key(self) -> str:
+        """What the chain's root says of the weights: the routers hash prompts under it too."""
+        cfg = self.config
+        return f"{cfg.model}|{cfg.random_weights}|{cfg.weights_seed}"
 
-    def _prompt_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise InvalidRequestError("this model has no tokenizer: send token ids")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)  # BOS where the tokenizer adds one
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise InvalidRequestError("the prompt is empty")
-        vocab = self.loaded.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"token ids out of range [0, {vocab}): {bad[:5]}")
-        return ids
-
-    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
-        total = prompt_len + max_tokens
-        if total > self.max_model_len:
-            raise PromptTooLongError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the request asks for "
-                f"{total} ({prompt_len} in the prompt, {max_tokens} to generate)"
-            )
+    def cache_summary(self) -> CacheSummary | None:
+        """A Bloom filter over the prefix cache's keys, for the routers' replica choice (None: off)."""
+        if not self.config.enable_prefix_caching or self.core is None:
+            return None
         blocks = self.core.blocks
-        if -(-total // blocks.block_size) > blocks.num_usable:
-            raise PromptTooLongError(
-                f"the request needs {total} tokens of KV cache; this replica holds "
-                f"{blocks.num_usable * blocks.block_size}"
-            )
+        return build_summary(blocks.cached_keys(), self.cache_model_key(), blocks.block_size)
 
     def _deliver_threadsafe(self, batch: list) -> None:
         self._loop.call_soon_threadsafe(self._deliver, batch)
@@ -316,11 +282,6 @@ class Engine:
 
     def profile_summary(self) -> dict:
         return self.core.profiler.summary() if self.core else {}
-
-
-def _fold32(seed: int) -> int:
-    """A 64-bit seed folded into the 32 bits the sampler's hash takes."""
-    return (seed ^ (seed >> 32)) & 0xFFFFFFFF
 
 
 def _pick_device(name: str) -> torch.device:

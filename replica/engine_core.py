@@ -155,8 +155,8 @@ class EngineCore:
     ) -> tuple[StepHandle | None, _Read | None]:
         """Launch `plan`. Its token masks need every constrained sequence's matcher to have seen the
         token `inflight` drew for it: if so, `inflight` is read back (and its tokens fed to the
-        matchers) just before the masks are filled, after the rest of the step's inputs; that read is
-        returned for the caller to finish after the launch. Other steps never wait here."""
+        matchers) just before the masks are filled, once the step's forward is enqueued; that read
+        is returned for the caller to finish after the launch. Other steps never wait here."""
         if plan is None:
             return None, None
         for item in plan.items:
@@ -165,11 +165,10 @@ class EngineCore:
                 metrics.first_scheduled = time.monotonic()
         early: list[_Read] = []
 
-        def masks(layout: StepLayout, buf: StepBuffers) -> int:
+        def masks(layout: StepLayout, buf: StepBuffers) -> None:
             if inflight is not None and not early and needs_previous(plan.sample_seqs, layout.grammar_rows):
                 early.append(self._read(inflight))
-            mask = buf.np["token_mask"]
-            return fill_masks(plan.sample_seqs, layout.grammar_rows, buf.np, mask, self.grammars)
+            fill_masks(plan.sample_seqs, layout.grammar_rows, buf.np["token_mask"], self.grammars)
 
         try:
             handle = self.runner.launch(plan, masks)
@@ -192,6 +191,7 @@ class EngineCore:
         t1 = time.perf_counter()
         if self.num_constrained:  # else nothing to advance: unconstrained traffic pays nothing here
             advance_matchers(handle.plan.sample_seqs, result.tokens, self._eos_frozen)
+            self.grammars.advance_seconds += time.perf_counter() - t1
         return _Read(result, None, t0, t1)
 
     def _finish(self, handle: StepHandle, read: _Read) -> None:

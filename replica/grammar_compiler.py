@@ -58,6 +58,7 @@ class GrammarCompiler:
         self.compiles = 0  # grammars compiled (cache misses)
         self.rows_filled = 0  # mask rows filled, and the host seconds they took (benchmarks read them)
         self.fill_seconds = 0.0
+        self.advance_seconds = 0.0  # host seconds the engine spent feeding drawn tokens to matchers
 
     @property
     def words(self) -> int:
@@ -113,16 +114,14 @@ class GrammarCompiler:
         """A fresh matcher at the grammar's start (one per sequence; n > 1 gets one per sample)."""
         return compiled.deep_copy()
 
-    def fill(self, matchers: list, mask: np.ndarray) -> None:
-        """Row i of `mask` (int32, [rows >= len(matchers), words], contiguous) gets matchers[i]'s
-        allowed tokens."""
+    def fill(self, rows: list[tuple[Any, int]], mask: np.ndarray) -> None:
+        """For each (matcher, k) of `rows`, row k of `mask` (int32, [rows, words], contiguous) gets
+        the matcher's allowed tokens."""
         import llguidance.numpy
 
         t0 = time.perf_counter()
-        llguidance.numpy.fill_next_token_bitmask_par(
-            self._executor, [(m, i) for i, m in enumerate(matchers)], mask
-        )
-        self.rows_filled += len(matchers)
+        llguidance.numpy.fill_next_token_bitmask_par(self._executor, rows, mask)
+        self.rows_filled += len(rows)
         self.fill_seconds += time.perf_counter() - t0
 
     def close(self) -> None:

@@ -1,13 +1,15 @@
 """Structured output inside a step: the host fills each constrained row's token mask, the device
 applies it to the logits before the draw.
 
-Host side (`fill_masks`). A constrained sample row gets the next free row of the step's
-`token_mask` buffer (in its IO set, packed int32 words) and `mask_row` points at it; every other
-row says -1. Only the used rows travel to the device, after the step's other inputs. The matcher of
-a sequence must have accepted every token drawn before the one being drawn: in async mode the
-token of step N reaches the host while step N+1 is being prepared, so the engine waits for step N
-just before it fills N+1's masks (replica/engine_core.py); a step with no constrained row whose
-previous token is in flight never waits, and a step with no constrained row does nothing here.
+Host side. A constrained sample row gets the next row of the step's `token_mask` buffer (in its
+IO set, packed int32 words) and `mask_row` points at it (`assign_mask_rows`); every other row says
+-1. The matcher of a sequence must have accepted every token drawn before the one being drawn: in
+async mode the token of step N reaches the host while step N+1 is being prepared. So a step with
+constrained rows is launched in two parts (replica/model_runner.py): its forward first, then,
+while the device runs it, the engine waits for step N, feeds its tokens to the matchers and fills
+the masks (`fill_masks`, replica/engine_core.py); the used mask rows travel in a second copy and
+the step's draw follows. The host's mask work hides behind the forward instead of leaving the
+device idle. A step with no constrained row does nothing here.
 
 Device side (`apply_token_masks`): logits of disallowed ids become -inf, after penalties, bias and
 bans and before temperature, the filters and the draw, so greedy and sampled rows obey it alike. On
@@ -28,15 +30,26 @@ def constrained_rows(seqs: list[Sequence]) -> list[int]:
     return [i for i, q in enumerate(seqs) if q.matcher is not None and not q.grammar_done]
 
 
-def fill_masks(seqs: list[Sequence], rows: list[int], arrays: dict[str, np.ndarray], mask, grammars) -> int:
-    """Point each constrained row at its mask row and fill those; returns the mask rows used.
-    `mask` is the IO set's host `token_mask` array, `grammars` the engine's GrammarCompiler."""
-    live = [r for r in rows if not seqs[r].grammar_done]  # one may have ended since the plan
-    for k, r in enumerate(live):
+def assign_mask_rows(rows: list[int], arrays: dict[str, np.ndarray]) -> int:
+    """Point constrained sample row rows[k] at mask row k (before the step's first copy); returns
+    the mask rows the step uses. The rows themselves are filled later, by `fill_masks`."""
+    for k, r in enumerate(rows):
         arrays["mask_row"][r] = k
+    return len(rows)
+
+
+def fill_masks(seqs: list[Sequence], rows: list[int], mask: np.ndarray, grammars) -> None:
+    """Fill mask row k with the allowed tokens of rows[k]'s matcher. `mask` is the IO set's host
+    `token_mask` array, `grammars` the engine's GrammarCompiler. A row whose grammar ended after the
+    step was planned draws a token that is discarded: its mask allows everything."""
+    live = []
+    for k, r in enumerate(rows):
+        if seqs[r].grammar_done:
+            mask[k] = -1
+        else:
+            live.append((seqs[r].matcher, k))
     if live:
-        grammars.fill([seqs[r].matcher for r in live], mask[: len(live)])
-    return len(live)
+        grammars.fill(live, mask)
 
 
 def apply_token_masks(logits: torch.Tensor, mask_rows: torch.Tensor, masks: torch.Tensor) -> None:

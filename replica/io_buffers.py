@@ -7,7 +7,8 @@ overwrites a buffer the device may still read, and no step allocates IO memory. 
 
 Every field of a set lives in one flat byte buffer (host and device alike), per-token and per-sequence
 fields first, then the decode block tables, then the prefill block tables. A step's inputs therefore
-reach the device in one copy (two when it has prefill chunks): each copy costs a driver call and a
+reach the device in one copy (two when it has prefill chunks; the token masks of a constrained
+step follow in another, once filled): each copy costs a driver call and a
 release of the interpreter lock, so thirteen small copies cost more host time than one larger one.
 """
 
@@ -128,9 +129,7 @@ class StepBuffers:
     def samples_host(self) -> torch.Tensor:
         return self.out.host["tokens"]
 
-    def copy_to_device(
-        self, decode_rows: int, prefill_rows: int, bias_entries: int = 0, mask_rows: int = 0
-    ) -> None:
+    def copy_to_device(self, decode_rows: int, prefill_rows: int, bias_entries: int = 0) -> None:
         """Enqueue the step's inputs on the current stream (non-blocking from pinned memory).
 
         One copy takes every per-token and per-sequence field whole (a few hundred KB at most) plus
@@ -149,7 +148,11 @@ class StepBuffers:
             if bias_entries:
                 span = slice(at, at + bias_entries * size)
                 self._flat_dev[span].copy_(self._flat_host[span], non_blocking=True)
-        if mask_rows:
+
+    def copy_masks_to_device(self, mask_rows: int) -> None:
+        """Enqueue the first `mask_rows` token-mask rows (a constrained step's second copy, made once
+        the grammar matchers have filled them)."""
+        if self.on_cuda and mask_rows:
             span = slice(self._mask_at, self._mask_at + mask_rows * self._mask_row_bytes)
             self._flat_dev[span].copy_(self._flat_host[span], non_blocking=True)
 

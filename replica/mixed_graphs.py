@@ -15,9 +15,16 @@ ladder (16, 32, ... up to the step budget) and every per-step fact lives in the 
 - `rows` sample rows are drawn (padded ones greedily, without penalties); the host reads only the
   step's own; padded tokens' penalty bookkeeping writes the penalty state's pad row.
 
-Chunks that continue a sequence read earlier keys from the cache through a gather whose size
-depends on the step: those steps stay eager, as do steps that score prompt tokens or ask for
-logprobs. Each (step kind, IO set, ladder rung) has its own graph; they share one memory pool.
+A chunk that continues its sequence (a prompt after a cached prefix, a long prompt's later chunks)
+attends to earlier keys in the cache. Such steps run in *context graphs*, which add a second rung:
+the number of keys gathered. The graph derives each packed key's cache slot on the device from the
+chunk offsets and the chunks' block tables (`key_slots`), gathers that many keys and values per layer
+(padding reads block 0), and hands flash the packed context at `prefill_cu_k`; the host fills
+nothing more than for a fresh chunk. Without them, the first token after a cache hit waited for an
+eager step (about 22 ms of kernel launches for an 8B step, several times its device time).
+Steps that score prompt tokens or ask for logprobs stay eager. Each (step kind, context rung, IO
+set, token rung) has its own graph; the fresh-chunk graphs share one memory pool, the context
+graphs another.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import torch
 from replica.attention_metadata import AttentionMetadata, DecodeKernelShape
 
 MAX_CHUNKS = 16  # prompt chunks one mixed graph takes; the flash grid grows with it
+CONTEXT_TOKENS = 1024  # the largest token rung of context graphs: bigger steps are bound by compute
+FIRST_CONTEXT_RUNG, MAX_CONTEXT_RUNG = 1024, 32768  # gathered keys: a rung per power of two
 
 
 def token_ladder(max_tokens: int) -> tuple[int, ...]:
@@ -44,11 +53,46 @@ def graph_rows(tokens: int, max_seqs: int) -> int:
     return min(tokens, max_seqs)
 
 
+def context_ladder(max_keys: int) -> tuple[int, ...]:
+    """Gathered-key rungs of the context graphs: powers of two up to what a step can hold."""
+    top = min(max_keys, MAX_CONTEXT_RUNG)
+    rungs, size = [], FIRST_CONTEXT_RUNG
+    while size < top:
+        rungs.append(size)
+        size *= 2
+    return (*rungs, top) if top >= FIRST_CONTEXT_RUNG else ()
+
+
 def eligible(prefills: list[tuple[int, int, int, int]]) -> bool:
     """A step a mixed graph can run: at most MAX_CHUNKS chunks, each starting its sequence."""
-    if not prefills or len(prefills) > MAX_CHUNKS:
-        return False
-    return all(q_len == ctx for _, q_len, ctx, _ in prefills)
+    return fits(prefills) and context_keys(prefills) == 0
+
+
+def fits(prefills: list[tuple[int, int, int, int]]) -> bool:
+    return 0 < len(prefills) <= MAX_CHUNKS
+
+
+def context_keys(prefills: list[tuple[int, int, int, int]]) -> int:
+    """Keys a context graph gathers for the step (every chunk's whole context), or 0 when every
+    chunk starts its sequence (its keys are the step's own rows: no gather)."""
+    if all(q_len == ctx for _, q_len, ctx, _ in prefills):
+        return 0
+    return sum(ctx for _, _, ctx, _ in prefills)
+
+
+def key_slots(dev: dict[str, torch.Tensor], keys: int, block_size: int) -> torch.Tensor:
+    """The flat cache slot of each of `keys` packed keys, on the device (fixed shapes: graphable).
+
+    Key g belongs to the chunk c whose span [cu_k[c], cu_k[c + 1]) holds it, at position
+    g - cu_k[c] of its sequence, whose block the chunk's row of `prefill_tables` names. Keys past
+    the step's last chunk read slot 0 (block 0 is reserved)."""
+    bounds = dev["prefill_cu_k"][: MAX_CHUNKS + 1].long()
+    tables = dev["prefill_tables"]
+    g = torch.arange(keys, device=bounds.device)
+    chunk = (torch.searchsorted(bounds, g, right=True) - 1).clamp(0, MAX_CHUNKS - 1)
+    pos = g - bounds[chunk]
+    block = tables[chunk, (pos // block_size).clamp(max=tables.shape[1] - 1)]
+    return torch.where(g < bounds[MAX_CHUNKS], block * block_size + pos % block_size, 0)
 
 
 def pad_inputs(arrays: dict[str, np.ndarray], layout, tokens: int, rows: int, pad_marks: np.ndarray) -> None:
@@ -83,14 +127,18 @@ def metadata(
     tokens: int,
     rows: int,
     decode_kernel: DecodeKernelShape = DecodeKernelShape(),
+    context: int = 0,
+    block_size: int = 16,
 ) -> AttentionMetadata:
-    """The fixed-shape attention inputs of a mixed graph over the IO set `dev`."""
+    """The fixed-shape attention inputs of a mixed graph over the IO set `dev`; `context` > 0: a
+    context graph gathering that many keys."""
     bounds = slice(0, MAX_CHUNKS + 1)
+    slots = key_slots(dev, context, block_size) if context else None
     return AttentionMetadata(
         slot_mapping=dev["slot_mapping"][:tokens], num_decode=rows,
         decode_block_tables=dev["decode_tables"][:rows], decode_context_lens=dev["decode_lens"][:rows],
         prefills=[], decode_backend="triton", prefill_backend="flash_padded",
         prefill_cu_q=dev["prefill_cu_q"][bounds], prefill_cu_k=dev["prefill_cu_k"][bounds],
-        prefill_max_q=tokens, prefill_max_k=tokens, decode_rows=dev["num_decode"],
-        decode_kernel=decode_kernel,
+        prefill_max_q=tokens, prefill_max_k=context or tokens, decode_rows=dev["num_decode"],
+        decode_kernel=decode_kernel, prefill_key_slots=slots,
     )  # fmt: skip

@@ -28,10 +28,13 @@ from replica.architectures import check_cuda_head_dim
 from replica.attention_metadata import AttentionMetadata, DecodeKernelShape, PrefillChunk
 from replica.cuda_graphs import DecodeGraphs
 from replica.generation_defaults import MAX_EOS_IDS
+from replica.grammar_masks import assign_mask_rows
 from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
+from replica.mixed_step_graphs import MixedStepGraphs
 from replica.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS
 from replica.scheduler import StepPlan
+from replica.split_steps import SplitSteps
 from replica.step_handle import StepHandle, StepResult, prompt_scores_to_host
 from replica.step_inputs import FillContext, StepLayout, fill_step
 from replica.step_sampler import GRAPH_BIAS_ENTRIES, PromptScores, StepSampler
@@ -39,9 +42,8 @@ from replica.streams import StepStreams
 from replica.varlen_prefill import flash_varlen_available
 
 KINDS = ("greedy", "sample", "logprobs")  # a grammar-constrained row is never "greedy"
-MIXED_KINDS = ("greedy", "sample")  # a mixed step with logprobs runs eagerly
 MAX_BAN_IDS = MAX_STOP_TOKEN_IDS + MAX_EOS_IDS  # stop ids plus the model's EOS ids
-MaskFill = Callable[[StepLayout, StepBuffers], int]  # fills a step's token masks, returns the rows used
+MaskFill = Callable[[StepLayout, StepBuffers], None]  # fills a constrained step's token masks
 
 
 class ModelRunner:
@@ -60,6 +62,7 @@ class ModelRunner:
         decode_kernel: DecodeKernelShape = DecodeKernelShape(),
         k_slices: int = 0,
         triton_gemms: tuple[str, ...] = (),
+        context_graphs: bool = False,
     ) -> None:
         cfg = model.config
         if device.type == "cuda":
@@ -95,8 +98,10 @@ class ModelRunner:
         self._step_count = 0
         self._prev_valid = False  # whether the other set's samples hold the previous step's tokens
         self._last_compute_done = None
+        self.split = SplitSteps(self)  # steps with grammar-constrained rows: forward, masks, draw
         self.graphs: dict[str, DecodeGraphs] = {}
-        self.mixed_graphs: dict[str, DecodeGraphs] = {}  # mixed steps, at a ladder of token counts
+        max_keys = min(num_blocks * block_size, mixed.MAX_CHUNKS * max_model_len) if context_graphs else 0
+        self.mixed = MixedStepGraphs(self._mixed_graph_step, max_tokens, max_seqs, max_keys)
         if device.type == "cuda":
             # cuDNN's attention builds and compiles a plan for every new sequence length (hundreds of
             # ms each time a prompt length is first seen); flash and memory-efficient kernels are
@@ -114,22 +119,18 @@ class ModelRunner:
             self.graphs[kind] = DecodeGraphs(partial(self._graph_step, kind), max_seqs)
             self.graphs[kind].capture(self.streams.compute)
         if with_mixed:
-            ladder = mixed.token_ladder(max_tokens)
-            for kind in MIXED_KINDS:
-                self.mixed_graphs[kind] = DecodeGraphs(
-                    partial(self._mixed_graph_step, kind), max_tokens, ladder
-                )
-                self.mixed_graphs[kind].capture(self.streams.compute)
+            self.mixed.capture(self.streams.compute)
+        self.split.capture(self.streams.compute, max_tokens, with_mixed)
         self.sampler.penalties.reset(torch.arange(max_seqs + 1, device=self.device))  # warm-up's writes
         torch.cuda.synchronize(self.device)
 
     @property
     def graph_replays(self) -> int:
-        return sum(g.replays for g in self.graphs.values())
+        return sum(g.replays for g in self.graphs.values()) + self.split.forward_replays
 
     @property
     def mixed_replays(self) -> int:
-        return sum(g.replays for g in self.mixed_graphs.values())
+        return self.mixed.replays + self.split.mixed_replays
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -139,8 +140,10 @@ class ModelRunner:
 
     def close(self) -> None:
         """Drop the device memory this runner holds (KV cache, IO buffers, graphs)."""
-        self.kv_caches, self.buffers, self.graphs, self.mixed_graphs = [], [], {}, {}
-        self.sampler = None
+        self.kv_caches, self.buffers, self.graphs = [], [], {}
+        self.mixed.fresh, self.mixed.context = {}, {}
+        self.split.close()  # its graphs refer back to it: dropped here, not by a later GC pass
+        self.sampler, self.split = None, None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
@@ -151,8 +154,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan, masks: MaskFill | None = None) -> StepHandle:
-        """Fill the step's inputs and enqueue it. A step with grammar-constrained rows calls `masks`
-        last, just before the copy: it fills their token masks and returns how many it filled."""
+        """Fill the step's inputs and enqueue it. A step with grammar-constrained rows is enqueued in
+        two parts (replica/split_steps.py): its forward, then `masks` fills the rows' token masks on
+        the host while the device computes, then the masks' copy and the draw."""
         t0 = time.perf_counter()
         set_index = self._step_count % 2
         buf = self.buffers[set_index]
@@ -161,7 +165,9 @@ class ModelRunner:
             raise RuntimeError("a carried token has no previous step to come from")
         kind = "greedy" if layout.plain_greedy else ("logprobs" if layout.logprobs else "sample")
         graph_size = self._graph_size(layout, kind)
-        mixed_size = self._mixed_size(layout, kind) if graph_size is None else None
+        mixed_size, context = (None, 0)
+        if graph_size is None:
+            mixed_size, context = self.mixed.choose(layout, kind, self.sampler.graph_bias_ok(layout))
         decode_rows = layout.num_decode  # decode-table rows the step's device work reads
         if graph_size is not None:
             self._pad_decode(buf, layout, graph_size)
@@ -169,28 +175,43 @@ class ModelRunner:
         elif mixed_size is not None:
             decode_rows = mixed.graph_rows(mixed_size, self.max_seqs)
             mixed.pad_inputs(buf.np, layout, mixed_size, decode_rows, self.fill_context.pad_marks)
-        if layout.grammar_rows:
+        split = bool(layout.grammar_rows)
+        if split:
             if masks is None:
                 raise RuntimeError("a step with grammar-constrained rows needs their masks filled")
-            layout.num_masks = masks(layout, buf)
+            graph_size, mixed_size = self.split.graph_sizes(kind, graph_size, mixed_size)
+            layout.num_masks = assign_mask_rows(layout.grammar_rows, buf.np)
         prepare_ms = (time.perf_counter() - t0) * 1000.0
-        names = ("start", "h2d_done", "compute_start", "compute_done", "d2h_done")
+        names = ("start", "h2d_done", "masks_done", "compute_start", "compute_done", "d2h_done")
         events = {name: self.streams.event() for name in names}
         with self.streams.on("h2d"):
             events["start"].record()
-            buf.copy_to_device(decode_rows, len(layout.prefills), layout.num_bias, layout.num_masks)
+            buf.copy_to_device(decode_rows, len(layout.prefills), layout.num_bias)
             events["h2d_done"].record()
         self.streams.wait("compute", events["h2d_done"])
         scores: list[PromptScores] = []
         with self.streams.on("compute"):
             events["compute_start"].record()
             self.sampler.before(buf.dev, layout)
-            if graph_size is not None:
+            if split:
+                hidden = self.split.forward(set_index, layout, graph_size, mixed_size)
+            elif graph_size is not None:
                 self.graphs[kind].replay(set_index, graph_size)
             elif mixed_size is not None:
-                self.mixed_graphs[kind].replay(set_index, mixed_size)
+                self.mixed.replay(kind, set_index, mixed_size, context)
             else:
-                scores = self._eager_step(set_index, layout, kind)
+                scores = self.eager_draw(set_index, layout, kind, self.eager_forward(set_index, layout))
+        if split:  # the host fills the masks while the device runs the forward
+            t1 = time.perf_counter()
+            masks(layout, buf)
+            prepare_ms += (time.perf_counter() - t1) * 1000.0
+            with self.streams.on("h2d"):
+                buf.copy_masks_to_device(layout.num_masks)
+                events["masks_done"].record()
+            self.streams.wait("compute", events["masks_done"])
+            with self.streams.on("compute"):
+                scores = self.split.draw(set_index, layout, kind, graph_size, mixed_size, hidden)
+        with self.streams.on("compute"):
             self.sampler.after(buf.dev, layout, self.kv_caches)
             events["compute_done"].record()
         self.streams.wait("d2h", events["compute_done"])
@@ -225,16 +246,6 @@ class ModelRunner:
             return None
         return self.graphs[kind].padded_size(layout.num_decode)
 
-    def _mixed_size(self, layout: StepLayout, kind: str) -> int | None:
-        if kind not in self.mixed_graphs or not mixed.eligible(layout.prefills):
-            return None
-        if layout.prompt_logprobs or not self.sampler.graph_bias_ok(layout):
-            return None
-        size = self.mixed_graphs[kind].padded_size(layout.num_tokens)
-        if size is None or layout.num_samples > mixed.graph_rows(size, self.max_seqs):
-            return None
-        return size
-
     def _pad_decode(self, buf: StepBuffers, layout: StepLayout, size: int) -> None:
         """Padded rows: token 0 at position 0 of the reserved block 0, sampling their own row greedily."""
         a = buf.np
@@ -247,13 +258,13 @@ class ModelRunner:
         a["sample_rows"][:size] = np.arange(size)
         mixed.pad_samples(a, layout.num_samples, size)
 
-    def _carried_ids(self, set_index: int, count: int) -> torch.Tensor:
+    def carried_ids(self, set_index: int, count: int) -> torch.Tensor:
         dev = self.buffers[set_index].dev
         source = self.buffers[1 - set_index].samples_dev
         prev = dev["prev_rows"][:count]
         return torch.where(prev >= 0, source[prev.clamp(min=0)], dev["input_ids"][:count])
 
-    def _draw(
+    def draw(
         self,
         kind: str,
         buf: StepBuffers,
@@ -267,33 +278,38 @@ class ModelRunner:
         else:
             self.sampler.draw(buf, hidden, marks, kind == "logprobs", num_bias, num_masks)
 
-    def _graph_step(self, kind: str, set_index: int, size: int) -> None:
-        """The captured body of a padded pure-decode step."""
-        buf = self.buffers[set_index]
-        dev = buf.dev
-        meta = AttentionMetadata(
+    def decode_metadata(self, dev: dict[str, torch.Tensor], size: int) -> AttentionMetadata:
+        """The attention inputs of a padded pure-decode step of `size` rows (graphs)."""
+        return AttentionMetadata(
             slot_mapping=dev["slot_mapping"][:size], num_decode=size,
             decode_block_tables=dev["decode_tables"][:size], decode_context_lens=dev["decode_lens"][:size],
             prefills=[], decode_backend=self.decode_backend, decode_kernel=self.decode_kernel,
         )  # fmt: skip
-        hidden = self.model(self._carried_ids(set_index, size), dev["positions"][:size], self.kv_caches, meta)
-        self._draw(kind, buf, hidden, 0, None)
 
-    def _mixed_graph_step(self, kind: str, set_index: int, tokens: int) -> None:
-        """The captured body of a mixed step padded to `tokens` (see mixed_graphs.py)."""
+    def _graph_step(self, kind: str, set_index: int, size: int) -> None:
+        """The captured body of a padded pure-decode step."""
+        buf = self.buffers[set_index]
+        dev = buf.dev
+        meta = self.decode_metadata(dev, size)
+        hidden = self.model(self.carried_ids(set_index, size), dev["positions"][:size], self.kv_caches, meta)
+        self.draw(kind, buf, hidden, 0, None)
+
+    def _mixed_graph_step(self, kind: str, context: int, set_index: int, tokens: int) -> None:
+        """The captured body of a mixed step padded to `tokens`, gathering `context` keys when its
+        chunks continue their sequences (see mixed_graphs.py)."""
         buf = self.buffers[set_index]
         dev = buf.dev
         rows = mixed.graph_rows(tokens, self.max_seqs)
-        meta = mixed.metadata(dev, tokens, rows, self.decode_kernel)
+        meta = mixed.metadata(dev, tokens, rows, self.decode_kernel, context, self.block_size)
         hidden = self.model(
-            self._carried_ids(set_index, tokens), dev["positions"][:tokens], self.kv_caches, meta
+            self.carried_ids(set_index, tokens), dev["positions"][:tokens], self.kv_caches, meta
         )
-        self._draw(kind, buf, hidden[dev["sample_rows"][:rows]], tokens, None)
+        self.draw(kind, buf, hidden[dev["sample_rows"][:rows]], tokens, None)
 
-    def _eager_step(self, set_index: int, layout: StepLayout, kind: str) -> list[PromptScores]:
-        buf = self.buffers[set_index]
-        dev = buf.dev
-        t, nd, s = layout.num_tokens, layout.num_decode, layout.num_samples
+    def eager_forward(self, set_index: int, layout: StepLayout) -> torch.Tensor:
+        """The forward of a step no graph fits, op by op; returns every token row's hidden state."""
+        dev = self.buffers[set_index].dev
+        t, nd = layout.num_tokens, layout.num_decode
         width = layout.decode_width if self.decode_backend == "torch" else self.table_width
         n = len(layout.prefills)
         meta = AttentionMetadata(
@@ -306,8 +322,16 @@ class ModelRunner:
             prefill_cu_q=dev["prefill_cu_q"][: n + 1], prefill_cu_k=dev["prefill_cu_k"][: n + 1],
             prefill_max_q=layout.prefill_max_q, prefill_max_k=layout.prefill_max_k,
         )  # fmt: skip
-        input_ids = self._carried_ids(set_index, t) if layout.has_placeholders else dev["input_ids"][:t]
-        hidden = self.model(input_ids, dev["positions"][:t], self.kv_caches, meta)
-        marks = t if layout.marks else 0
-        self._draw(kind, buf, hidden[dev["sample_rows"][:s]], marks, layout.num_bias, layout.num_masks)
+        input_ids = self.carried_ids(set_index, t) if layout.has_placeholders else dev["input_ids"][:t]
+        return self.model(input_ids, dev["positions"][:t], self.kv_caches, meta)
+
+    def eager_draw(
+        self, set_index: int, layout: StepLayout, kind: str, hidden: torch.Tensor
+    ) -> list[PromptScores]:
+        """The draw of a step no graph fits, from its forward's hidden states, and its prompt scores."""
+        buf = self.buffers[set_index]
+        dev = buf.dev
+        marks = layout.num_tokens if layout.marks else 0
+        rows = dev["sample_rows"][: layout.num_samples]
+        self.draw(kind, buf, hidden[rows], marks, layout.num_bias, layout.num_masks)
         return self.sampler.score_prompts(hidden, dev, layout.prompt_logprobs)

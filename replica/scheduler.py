@@ -1,12 +1,20 @@
 """Iteration-level scheduling: which sequences run in the next step, and how many tokens each.
 
 Every step, running sequences go first (a decode token, or the next chunk of a long prompt), then
-waiting ones join in arrival order while the token budget, the sequence cap and the KV cache allow.
+waiting ones join while the token budget, the sequence cap and the KV cache allow. Both lists are
+kept in rank order: SLA tier (the request's `priority`, 0 first), then arrival.
 With ``keep_prompts_whole`` (on where mixed CUDA graphs run), a prompt that fits one step whole is
 not split behind another prompt's chunk: it starts the next step instead, so steps rarely continue
 a prompt (those run eagerly; see mixed_graphs.py).
-Prefill and decode share one step. When the cache runs out, the most recently arrived running
-sequence is preempted: its blocks are freed and it is recomputed later from its tokens.
+Prefill and decode share one step. When the cache runs out, the lowest tier's most recently arrived
+running sequence is preempted: its blocks are freed and it is recomputed later from its tokens.
+
+SLA tiers. A waiting sequence of a higher tier than some running ones does not wait behind them:
+before the step is planned, lower-tier running sequences are preempted (lowest tier, latest arrival
+first) until its first chunk has a row and its blocks, and lower-tier prompt chunks give way to it
+in that step's token budget; so its prefill starts in the next step launched. Lower-tier decodes
+still run. With one tier (the router's `fcfs` and `vtc` policies send every request at tier 0)
+this is plain arrival order.
 
 A request with n > 1 samples enters as its parent sequence; it is admitted only when the scheduler
 has rows for every sample (they stay reserved), and the step that finishes its prompt forks the
@@ -27,6 +35,7 @@ what an earlier step wrote means a hit never reads keys being written in the sam
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -34,7 +43,7 @@ import numpy as np
 
 from replica.block_manager import BlockManager
 from replica.prefix_cache import extend_chain
-from replica.sequence import SeqStatus, Sequence
+from replica.sequence import RANK, SeqStatus, Sequence
 
 
 @dataclass(slots=True)
@@ -94,7 +103,7 @@ class Scheduler:
         self.num_cached_tokens = 0  # of those, found in the prefix cache
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        insort(self.waiting, seq, key=RANK)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -105,6 +114,13 @@ class Scheduler:
         items: list[ScheduledSeq] = []
         room = self.blocks.block_size
         running = SeqStatus.RUNNING
+        # A waiting sequence that outranks running ones: room is made for it, and lower-tier prompt
+        # chunks leave it the budget. A steady single-tier step pays two comparisons here.
+        urgent = self.waiting[0].priority if self.waiting else None
+        if urgent is not None and self.running and self.running[-1].priority > urgent:
+            self._make_room_for(self.waiting[0])
+        else:
+            urgent = None
         for seq in list(self.running):  # the hot loop at large batches: plain attribute reads only
             if budget == 0:
                 break
@@ -112,6 +128,8 @@ class Scheduler:
             computed = seq.num_computed
             if total == computed or total >= seq.token_limit or seq.status is not running:
                 continue
+            if urgent is not None and total - computed > 1 and seq.priority > urgent:
+                continue  # a lower tier's prompt chunk waits a step for the higher tier's prefill
             num_new = total - computed if total - computed < budget else budget
             needs_blocks = computed + num_new > len(seq.block_table) * room or seq.forks
             if needs_blocks and not self._make_room(seq, computed + num_new):
@@ -123,7 +141,7 @@ class Scheduler:
         has_chunk = rule and any(item.num_new > 1 for item in items)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) + self._reserved_rows + 1 + len(seq.forks) > self.max_num_seqs:
+            if not self._has_rows_for(seq):
                 break
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
                 break
@@ -140,7 +158,7 @@ class Scheduler:
             self.waiting.popleft()
             self._admitted(seq, hits)
             seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+            insort(self.running, seq, key=RANK)
             self._reserved_rows += len(seq.forks)
             self._take_row(seq)
             items.append(self._claim(seq, num_new))
@@ -159,6 +177,12 @@ class Scheduler:
         if seq.forks and ends_prompt and seq.num_prompt % self.blocks.block_size:
             needed += len(seq.forks)
         return needed
+
+    def cached_tokens(self, seq: Sequence) -> int:
+        """Prompt tokens of a new `seq` its admission would find cached now (an estimate for routing:
+        blocks may come and go before then). Runs on the caller's thread before the engine's takes
+        the sequence; the keys it hashes stay on the sequence for the admission."""
+        return len(self._lookup(seq)) * self.blocks.block_size
 
     def _lookup(self, seq: Sequence) -> list[int]:
         """Registered blocks that hold the start of `seq`'s tokens, short of its last token. Requests
@@ -195,13 +219,28 @@ class Scheduler:
         seq.num_registered = full
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
-        """Free blocks for `seq` by preempting the latest arrivals; False if `seq` itself was preempted."""
+        """Free blocks for `seq` by preempting the lowest tier's latest arrivals (the end of the
+        rank-ordered running list, never one this step claimed before `seq`); False if `seq`
+        itself was preempted."""
         while not self.blocks.can_allocate(self._blocks_for(seq, num_tokens - seq.num_computed)):
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
                 return False
         return True
+
+    def _make_room_for(self, head: Sequence) -> None:
+        """Preempt lower-tier running sequences, lowest tier and latest arrival first, until the
+        waiting `head` has a row (and its samples theirs) and the blocks of its first chunk."""
+        chunk = min(head.uncomputed(), self.max_num_batched_tokens)
+        while self.running and self.running[-1].priority > head.priority:
+            if self._has_rows_for(head) and self.blocks.can_allocate(self._blocks_for(head, chunk)):
+                return
+            self.preempt(self.running[-1])
+
+    def _has_rows_for(self, seq: Sequence) -> bool:
+        """A row is free for a waiting `seq` and for each of its samples still to fork."""
+        return len(self.running) + self._reserved_rows + 1 + len(seq.forks) <= self.max_num_seqs
 
     def _claim(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         start = seq.num_computed
@@ -234,7 +273,7 @@ class Scheduler:
             child.num_computed = parent.num_prompt
             child.num_cached_tokens = parent.num_cached_tokens  # one prompt: the request's figure
             child.status = SeqStatus.RUNNING
-            self.running.append(child)
+            insort(self.running, child, key=RANK)
             self._take_row(child)
             self._forks.append(Fork(parent, child, copy))
         parent.forks = []
@@ -278,7 +317,7 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        insort(self.waiting, seq, key=RANK)  # ahead of its tier's later arrivals
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq` wherever it is and return its blocks."""

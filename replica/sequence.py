@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
 from replica.sampling_params import SamplingParams
+
+RANK = attrgetter("priority", "arrival")  # scheduling order: tier, then arrival
 
 
 class SeqStatus(enum.Enum):
@@ -36,6 +39,9 @@ class Sequence:
     seed: int  # 32-bit, drawn when the request has no seed of its own
     arrival: float
     max_len: int  # the model's context limit for this sequence
+    # The request's SLA tier (0 first): the scheduler admits by (priority, arrival) and preempts the
+    # lowest tier's latest arrival first (replica/scheduler.py).
+    priority: int = 0
     status: SeqStatus = SeqStatus.WAITING
     num_computed: int = 0  # tokens whose keys and values are in the cache (or being written)
     num_pending: int = 0

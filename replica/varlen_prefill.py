@@ -69,17 +69,26 @@ def padded_mixed_attention(
 ) -> torch.Tensor:
     """A mixed step in fixed shapes (what a mixed CUDA graph captures; see mixed_graphs.py).
 
-    Every chunk starts its sequence, so its keys are the step's own rows. The chunk offsets in the
-    buffer count from the first prompt row; adding the device-side decode count makes them offsets
-    into the whole step. The paged decode kernel runs over `meta.num_decode` rows (the padded row
-    count) and its output is kept for the rows below `meta.decode_rows`.
+    When every chunk starts its sequence, its keys are the step's own rows. Otherwise each chunk's
+    whole context is gathered from the cache (`meta.prefill_key_slots`, a fixed count: the graph's
+    context rung; the step's new keys are already written) and packed at `prefill_cu_k`. The query
+    offsets in the buffer count from the first prompt row; adding the device-side decode count makes
+    them offsets into the whole step. The paged decode kernel runs over `meta.num_decode` rows (the
+    padded row count) and its output is kept for the rows below `meta.decode_rows`.
     """
     from replica.triton_decode import paged_decode_attention
 
     offsets = meta.prefill_cu_q + meta.decode_rows
+    keys, values, key_offsets = k, v, offsets
+    if meta.prefill_key_slots is not None:
+        slots = meta.prefill_key_slots
+        keys = kv_cache[0].flatten(0, 1).index_select(0, slots)
+        values = kv_cache[1].flatten(0, 1).index_select(0, slots)
+        key_offsets = meta.prefill_cu_k
     out = torch.ops.aten._flash_attention_forward(
-        q, k, v, offsets, offsets, meta.prefill_max_q, meta.prefill_max_k, 0.0, True, False, scale=scale
-    )[0]
+        q, keys, values, offsets, key_offsets, meta.prefill_max_q, meta.prefill_max_k, 0.0, True, False,
+        scale=scale,
+    )[0]  # fmt: skip
     rows = meta.num_decode
     decoded = paged_decode_attention(
         q[:rows],

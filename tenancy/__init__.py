@@ -3,6 +3,7 @@
 from tenancy.admission import QuotaManager
 from tenancy.auth import Authenticator, parse_bearer
 from tenancy.config import FairShareSettings, ModelQuotas, Quotas, SLAClass, TenancyConfig, Tenant
+from tenancy.dispatch_policy import DISPATCH_POLICIES, DispatchPolicy
 from tenancy.errors import (
     AuthenticationError,
     InvalidQueueItem,
@@ -35,9 +36,11 @@ __all__ = [
     "DEMO_ADMIN_KEY",
     "DEMO_KEYS",
     "DEMO_KEY_SALT",
+    "DISPATCH_POLICIES",
     "AcquireResult",
     "AuthenticationError",
     "Authenticator",
+    "DispatchPolicy",
     "FairQueue",
     "FairQueueSnapshot",
     "FairShareSettings",

@@ -78,7 +78,7 @@ async def _one(manager: QuotaManager, queue: FairQueue, tenant_id: str, rid: str
     queue.push(queue.make_request(rid, tenant_id, 200, 100))
     item = queue.pop_next(capacity=100_000)
     if item is not None:
-        queue.charge(item.tenant_id, 80)
+        queue.settle(item, 80)
     await manager.release(lease, 80)
 
 
@@ -107,7 +107,7 @@ def _queue_only(config: TenancyConfig, n: int) -> float:
         queue.push(queue.make_request(f"r{i}", tenant_id, 100, 50))
         item = queue.pop_next()
         if item is not None:
-            queue.charge(item.tenant_id, 50)
+            queue.settle(item, 50)
     return n / (time.perf_counter() - start)
 
 

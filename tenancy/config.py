@@ -162,7 +162,18 @@ class FairShareSettings(_Frozen):
         default=0.05, ge=0, description="Seconds before the TTFT deadline when a request is at risk."
     )
     at_risk_margin_fraction: float = Field(
-        default=0.25, ge=0, le=1, description="Extra margin as a fraction of the class's TTFT target."
+        default=0.75,
+        ge=0,
+        le=1,
+        description="Extra margin as a fraction of the class's TTFT target: a request is at risk once "
+        "(1 - fraction) of its target has passed, leaving the rest for the replica's queue and prefill.",
+    )
+    cached_prompt_token_cost: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Fair-share charge of a prompt token served from the prefix cache, relative to a "
+        "computed one (1); providers bill cached input at a similar discount.",
     )
 
 

@@ -2,64 +2,48 @@
 
 Rule (docs/tenancy.md proves the fairness bound):
 
-* Each tenant has a counter ``c = service / weight``; service is ``prompt tokens × 1`` charged at
-  dispatch and ``output tokens × 2`` charged as produced (``charge``).
+* Each tenant has a counter ``c = service / weight``. A dispatch charges the request's reservation
+  (``prompt × 1 + max_tokens × 2``); its end settles it (``settle``: unproduced output refunded,
+  cached prompt tokens at ``cached_prompt_token_cost``). See ``tenancy/fair_charges.py``.
 * A tenant that becomes backlogged (its queue was empty) is lifted: ``c = max(c, L)`` with ``L``
   the smallest counter among backlogged tenants of its tier, or, when its tier has none, the
   larger of the tier's floor and the smallest counter among all backlogged tenants. Idle time
-  banks no credit.
+  banks no credit. Several routers may share lifts as offsets (``tenancy/shared_lifts.py``).
 * A request is *at risk* when ``now >= deadline - (margin_s + margin_fraction × TTFT target)``.
   Let ``k*`` be the most urgent tier (smallest number) whose class may preempt lower tiers and
-  that has an at-risk head-of-line request. Candidates are the backlogged tenants of tiers
-  ``<= k*``; without such a tier, all backlogged tenants.
+  that has an at-risk head-of-line request of an eligible tenant. Candidates are the eligible
+  backlogged tenants of tiers ``<= k*``; without such a tier, all eligible backlogged tenants.
 * The next request is the oldest one of the candidate tenant with the smallest counter (ties:
   more urgent tier, then older head). If it does not fit ``capacity``, nothing is popped.
 
-Every dispatch thus goes to the smallest counter of its own tier, which is all the VTC bound
-needs, so fairness among tenants of one tier holds whatever the deadlines do.
+``order`` (``tenancy/dispatch_policy.py``) picks one of three orderings on this one code path:
+``fairlane`` as above, ``vtc`` with all tenants in one tier, ``fcfs`` by oldest head instead of
+counter. Every dispatch thus goes to the smallest counter of its own tier among eligible tenants,
+which is all the VTC bound needs.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from tenancy.config import FairShareSettings, TenancyConfig
+from tenancy.dispatch_policy import (
+    DEFAULT_DISPATCH_POLICY,
+    DispatchPolicy,
+    check_dispatch_policy,
+    orders_by_arrival,
+    policies_for,
+)
 from tenancy.errors import InvalidQueueItem, QueueFull, UnknownTenantError
+from tenancy.fair_charges import OUTPUT_TOKEN_COST, reservation, settlement
+from tenancy.fair_lanes import Eligible, Entry, Lane, Tier, TierHeaps
+from tenancy.fair_selection import choose, lift_level
+from tenancy.lane_lengths import LaneLengths
 from tenancy.queue_snapshot import FairQueueSnapshot, TenantQueueStats
 from tenancy.queued_request import QueuedRequest, TenantPolicy, policies_from_config
-
-INPUT_TOKEN_COST = 1.0
-OUTPUT_TOKEN_COST = 2.0
-
-
-@dataclass(slots=True)
-class _Entry:
-    seq: int
-    request: QueuedRequest
-    at_risk_at: float
-
-
-@dataclass(slots=True)
-class _Lane:
-    tenant_id: str
-    policy: TenantPolicy
-    counter: float = 0.0
-    version: int = 0
-    queue: deque[_Entry] = field(default_factory=deque)
-
-
-@dataclass(slots=True)
-class _Tier:
-    tier: int
-    floor: float = 0.0
-    backlogged: int = 0
-    by_counter: list[tuple[float, int, int, str]] = field(default_factory=list)
-    by_risk: list[tuple[float, int, str]] = field(default_factory=list)
+from tenancy.shared_lifts import SharedLifts
 
 
 class FairQueue:
@@ -70,26 +54,42 @@ class FairQueue:
         policies: Mapping[str, TenantPolicy],
         settings: FairShareSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        order: DispatchPolicy = DEFAULT_DISPATCH_POLICY,
     ) -> None:
-        self._policies = dict(policies)
+        self.order = check_dispatch_policy(order)
+        self._by_arrival = orders_by_arrival(self.order)
+        self._policies = policies_for(self.order, policies)
         self._settings = settings or FairShareSettings()
         self._clock = clock
-        self._lanes: dict[str, _Lane] = {}
-        self._tiers: dict[int, _Tier] = {p.tier: _Tier(p.tier) for p in self._policies.values()}
+        self._lanes: dict[str, Lane] = {}
+        self._heaps = TierHeaps(self._lanes)
+        self._tiers: dict[int, Tier] = {p.tier: Tier(p.tier) for p in self._policies.values()}
         self._tier_order = sorted(self._tiers)
-        self._index: dict[str, _Entry] = {}
+        self._tier_list = [self._tiers[t] for t in self._tier_order]
+        self._index: dict[str, Entry] = {}
+        self._lengths = LaneLengths()
         self._seq = itertools.count()
         self._local_service: dict[str, float] = {}  # counter growth charged here, not yet shared
+        self._lifts = SharedLifts()  # lift offsets raised here, not yet shared
 
     @classmethod
-    def from_config(cls, config: TenancyConfig, clock: Callable[[], float] = time.monotonic) -> FairQueue:
-        return cls(policies_from_config(config), config.fair_share, clock)
+    def from_config(
+        cls,
+        config: TenancyConfig,
+        clock: Callable[[], float] = time.monotonic,
+        order: DispatchPolicy = DEFAULT_DISPATCH_POLICY,
+    ) -> FairQueue:
+        return cls(policies_from_config(config), config.fair_share, clock, order)
 
     def __len__(self) -> int:
         return len(self._index)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._index
+
+    def now(self) -> float:
+        """The queue's clock (the dispatcher reads it once per round of pops)."""
+        return self._clock()
 
     def make_request(
         self,
@@ -113,56 +113,85 @@ class FairQueue:
             now + policy.ttft_target_s,
         )
 
-    def push(self, request: QueuedRequest, lift: bool = True) -> None:
+    def push(self, request: QueuedRequest, lift: bool = True) -> QueuedRequest | None:
         """Enqueue; raises ``QueueFull`` when a bound is reached, ``InvalidQueueItem`` for bad items.
 
-        ``lift=False``: the tenant was backlogged already (a request carried over by ``carry_from``),
-        so its counter stays as it was instead of being lifted as if it returned from idle.
+        At the total bound, a request whose tenant has fewer waiting than the longest lane pushes
+        out that lane's newest request, which is returned (its caller gets ``QueueFull``); the
+        longest lane's own tenant is refused instead. ``lift=False``: the tenant was backlogged
+        already (a request carried over by ``carry_from``), so its counter stays as it was instead
+        of being lifted as if it returned from idle.
         """
         lane = self._lane(request.tenant_id)
         self._validate(request, lane)
         if len(lane.queue) >= self._settings.max_queue_per_tenant:
             raise QueueFull(request.tenant_id, "tenant", self._settings.max_queue_per_tenant)
+        evicted = None
         if len(self._index) >= self._settings.max_queue_total:
-            raise QueueFull(request.tenant_id, "total", self._settings.max_queue_total)
-        entry = _Entry(next(self._seq), request, self._at_risk_at(request))
+            evicted = self._push_out(len(lane.queue))
+            if evicted is None:
+                raise QueueFull(request.tenant_id, "total", self._settings.max_queue_total)
+        entry = Entry(next(self._seq), request, self._at_risk_at(request), fresh=lift and not lane.queue)
         self._index[request.request_id] = entry
         lane.queue.append(entry)
+        self._lengths.changed(lane.tenant_id, len(lane.queue) - 1, len(lane.queue))
         if len(lane.queue) == 1:
             if lift:
                 self._lift(lane)
             self._tiers[lane.policy.tier].backlogged += 1
             self._publish(lane)
+        return evicted
 
-    def peek_next(self, now: float | None = None) -> QueuedRequest | None:
+    def _push_out(self, arriving_length: int) -> QueuedRequest | None:
+        longest = self._lengths.longest()
+        if longest is None or longest[1] <= arriving_length + 1:
+            return None
+        return self.remove(self._lanes[longest[0]].queue[-1].request.request_id)
+
+    def peek_next(self, now: float | None = None, eligible: Eligible | None = None) -> QueuedRequest | None:
         """The request ``pop_next`` would return given enough capacity, without removing it."""
-        lane = self._choose(self._clock() if now is None else now)
+        lane = self._choose(self._clock() if now is None else now, eligible)
         return None if lane is None else lane.queue[0].request
 
-    def pop_next(self, capacity: int | None = None, now: float | None = None) -> QueuedRequest | None:
+    def pop_next(
+        self, capacity: int | None = None, now: float | None = None, eligible: Eligible | None = None
+    ) -> QueuedRequest | None:
         """Remove and return the next request, or None when empty or when it exceeds ``capacity``.
 
         ``capacity`` is the tokens (prompt + max output) the chosen replica can take; None means
         unbounded. A None return with a non-empty queue means the fair choice does not fit: other
-        tenants are not served past it (that would break the fairness bound).
+        tenants are not served past it (that would break the fairness bound). ``eligible(tenant)``
+        False skips that tenant's requests (the dispatcher's per-tenant cap): the choice is made
+        among the others, and charged and floored exactly as any pop.
         """
-        lane = self._choose(self._clock() if now is None else now)
+        lane = self._choose(self._clock() if now is None else now, eligible)
         if lane is None:
             return None
         head = lane.queue[0]
         if capacity is not None and head.request.size > capacity:
             return None
         lane.queue.popleft()
+        self._lengths.changed(lane.tenant_id, len(lane.queue) + 1, len(lane.queue))
         del self._index[head.request.request_id]
         tier = self._tiers[lane.policy.tier]
         tier.floor = max(tier.floor, lane.counter)
-        self._grow(lane, INPUT_TOKEN_COST * head.request.prompt_tokens / lane.policy.weight)
+        self._grow(lane, reservation(head.request) / lane.policy.weight)
         self._after_head_change(lane)
         return head.request
 
+    def settle(self, request: QueuedRequest, output_tokens: int, cached_tokens: int = 0) -> None:
+        """Settle a popped request at its end (once): refund its unproduced output and the discount
+        on prompt tokens served from the prefix cache. A tenant a reload removed is not settled."""
+        delta = settlement(request, output_tokens, cached_tokens, self._settings.cached_prompt_token_cost)
+        if request.tenant_id in self._policies and delta:
+            lane = self._lane(request.tenant_id)
+            self._grow(lane, delta / lane.policy.weight)
+            if lane.queue:
+                self._publish(lane)
+
     def charge(self, tenant_id: str, output_tokens: int) -> None:
-        """Charge output tokens as they are produced (weighted, ×2); a tenant that a reload removed
-        is not charged (its requests in flight finish; nothing waits behind its counter)."""
+        """Charge output tokens beyond any reservation (weighted, ×2); a tenant that a reload
+        removed is not charged (its requests in flight finish; nothing waits behind its counter)."""
         if output_tokens < 0:
             raise ValueError("output_tokens must be >= 0")
         if tenant_id not in self._policies:
@@ -173,8 +202,8 @@ class FairQueue:
             self._publish(lane)
 
     def credit(self, tenant_id: str, counter_delta: float) -> None:
-        """Add counter growth that another router charged (already divided by the weight)."""
-        if counter_delta <= 0 or tenant_id not in self._policies:
+        """Add counter change that another router charged or refunded (already divided by the weight)."""
+        if not counter_delta or tenant_id not in self._policies:
             return
         lane = self._lane(tenant_id)
         lane.counter += counter_delta
@@ -186,20 +215,35 @@ class FairQueue:
         (tiers that still exist): a reloaded config neither forgives service nor forgets it."""
         for tenant_id, lane in old._lanes.items():
             if tenant_id in self._policies:
-                self._lane(tenant_id).counter = lane.counter
+                new = self._lane(tenant_id)
+                new.counter, new.offset = lane.counter, lane.offset
         for number, tier in old._tiers.items():
             if number in self._tiers:
-                self._tiers[number].floor = tier.floor
+                self._tiers[number].floor = max(self._tiers[number].floor, tier.floor)
         self._local_service = {t: s for t, s in old._local_service.items() if t in self._policies}
+        self._lifts = old._lifts
 
     def waiting(self) -> list[QueuedRequest]:
         """The waiting requests, oldest first."""
         return [entry.request for entry in self._index.values()]
 
     def take_local_service(self) -> dict[str, float]:
-        """Counter growth charged by this queue since the last call, per tenant (to share it)."""
+        """Counter change charged by this queue since the last call, per tenant (to share it)."""
         taken, self._local_service = self._local_service, {}
         return taken
+
+    def take_lifted(self) -> dict[str, float]:
+        """Lift offsets (counter − growth) raised here since the last call, per tenant (to share)."""
+        return self._lifts.take()
+
+    def merge_lifts(self, offsets: Mapping[str, float]) -> None:
+        """Take the cluster's lift offsets (``tenancy/shared_lifts.py``): each counter rises by how
+        much its tenant's offset exceeds the one known here."""
+        for tenant_id, offset in offsets.items():
+            if tenant_id in self._policies:
+                lane = self._lane(tenant_id)
+                if self._lifts.merge(lane, offset) and lane.queue:
+                    self._publish(lane)
 
     def remove(self, request_id: str) -> QueuedRequest | None:
         """Drop a waiting request (client gone); None if it is not waiting (already popped or unknown)."""
@@ -209,6 +253,7 @@ class FairQueue:
         lane = self._lanes[entry.request.tenant_id]
         was_head = lane.queue[0] is entry
         lane.queue.remove(entry)
+        self._lengths.changed(lane.tenant_id, len(lane.queue) + 1, len(lane.queue))
         if was_head:
             self._after_head_change(lane)
         return entry.request
@@ -220,18 +265,14 @@ class FairQueue:
 
     def snapshot(self) -> FairQueueSnapshot:
         """Per-tenant counters and depths, for metrics."""
-        tenants = {
-            tid: TenantQueueStats(
-                tid, ln.counter, len(ln.queue), ln.policy.weight, ln.policy.tier, ln.policy.sla_class
+        stats = [
+            TenantQueueStats(
+                t, ln.counter, len(ln.queue), ln.policy.weight, ln.policy.tier, ln.policy.sla_class
             )
-            for tid, ln in self._lanes.items()
-        }
-        by_class: dict[str, int] = {p.sla_class: 0 for p in self._policies.values()}
-        by_tier: dict[int, int] = dict.fromkeys(self._tier_order, 0)
-        for stats in tenants.values():
-            by_class[stats.sla_class] += stats.queued
-            by_tier[stats.tier] += stats.queued
-        return FairQueueSnapshot(tenants, by_class, by_tier, len(self._index))
+            for t, ln in self._lanes.items()
+        ]
+        classes = {p.sla_class for p in self._policies.values()}
+        return FairQueueSnapshot.of(stats, classes, self._tier_order, len(self._index))
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -241,13 +282,13 @@ class FairQueue:
             raise UnknownTenantError(tenant_id)
         return policy
 
-    def _lane(self, tenant_id: str) -> _Lane:
+    def _lane(self, tenant_id: str) -> Lane:
         lane = self._lanes.get(tenant_id)
         if lane is None:
-            lane = self._lanes[tenant_id] = _Lane(tenant_id, self._policy(tenant_id))
+            lane = self._lanes[tenant_id] = Lane(tenant_id, self._policy(tenant_id))
         return lane
 
-    def _validate(self, request: QueuedRequest, lane: _Lane) -> None:
+    def _validate(self, request: QueuedRequest, lane: Lane) -> None:
         if request.request_id in self._index:
             raise InvalidQueueItem(request.request_id, "already queued")
         if request.tier != lane.policy.tier:
@@ -261,73 +302,26 @@ class FairQueue:
         budget = max(0.0, request.deadline - request.arrival)
         return request.deadline - s.at_risk_margin_s - s.at_risk_margin_fraction * budget
 
-    def _grow(self, lane: _Lane, delta: float) -> None:
+    def _grow(self, lane: Lane, delta: float) -> None:
         lane.counter += delta
         self._local_service[lane.tenant_id] = self._local_service.get(lane.tenant_id, 0.0) + delta
 
-    def _lift(self, lane: _Lane) -> None:
-        tier = self._tiers[lane.policy.tier]
-        own = self._top(tier)
-        if own is not None:
-            level = own[0]
-        else:
-            tops = [t for t in (self._top(x) for x in self._tiers.values()) if t is not None]
-            level = min(tops)[0] if tops else max(x.floor for x in self._tiers.values())
-        level = max(level, tier.floor)
-        tier.floor = level
-        lane.counter = max(lane.counter, level)
+    def _lift(self, lane: Lane) -> None:
+        if self._by_arrival:
+            return  # counters do not order fcfs; they only report service
+        self._lifts.lift(lane, lift_level(self._heaps, self._tiers[lane.policy.tier], self._tier_list))
 
-    def _after_head_change(self, lane: _Lane) -> None:
+    def _after_head_change(self, lane: Lane) -> None:
         if lane.queue:
             self._publish(lane)
         else:
             lane.version += 1
             self._tiers[lane.policy.tier].backlogged -= 1
 
-    def _publish(self, lane: _Lane) -> None:
-        """Push fresh heap entries for a backlogged lane whose counter or head changed."""
-        lane.version += 1
-        tier = self._tiers[lane.policy.tier]
-        head = lane.queue[0]
-        heapq.heappush(tier.by_counter, (lane.counter, head.seq, lane.version, lane.tenant_id))
-        if lane.policy.may_preempt:
-            heapq.heappush(tier.by_risk, (head.at_risk_at, head.seq, lane.tenant_id))
-        if len(tier.by_counter) > 4 * tier.backlogged + 64:
-            self._compact(tier)
+    def _publish(self, lane: Lane) -> None:
+        key = float(lane.queue[0].seq) if self._by_arrival else lane.counter
+        self._heaps.publish(self._tiers[lane.policy.tier], lane, key)
 
-    def _compact(self, tier: _Tier) -> None:
-        tier.by_counter = [e for e in tier.by_counter if self._counter_entry_valid(e)]
-        tier.by_risk = [e for e in tier.by_risk if self._risk_entry_valid(e)]
-        heapq.heapify(tier.by_counter)
-        heapq.heapify(tier.by_risk)
-
-    def _counter_entry_valid(self, entry: tuple[float, int, int, str]) -> bool:
-        lane = self._lanes[entry[3]]
-        return lane.version == entry[2] and bool(lane.queue)
-
-    def _risk_entry_valid(self, entry: tuple[float, int, str]) -> bool:
-        lane = self._lanes[entry[2]]
-        return bool(lane.queue) and lane.queue[0].seq == entry[1]
-
-    def _top(self, tier: _Tier) -> tuple[float, int, int, str] | None:
-        heap = tier.by_counter
-        while heap and not self._counter_entry_valid(heap[0]):
-            heapq.heappop(heap)
-        return heap[0] if heap else None
-
-    def _at_risk(self, tier: _Tier, now: float) -> bool:
-        heap = tier.by_risk
-        while heap and not self._risk_entry_valid(heap[0]):
-            heapq.heappop(heap)
-        return bool(heap) and heap[0][0] <= now
-
-    def _choose(self, now: float) -> _Lane | None:
-        urgent = next((t for t in self._tier_order if self._at_risk(self._tiers[t], now)), None)
-        best: tuple[float, int, int, str] | None = None
-        for t in self._tier_order:
-            if urgent is not None and t > urgent:
-                break
-            top = self._top(self._tiers[t])
-            if top is not None and (best is None or (top[0], t, top[1]) < (best[0], best[2], best[1])):
-                best = (top[0], top[1], t, top[3])
-        return None if best is None else self._lanes[best[3]]
+    def _choose(self, now: float, eligible: Eligible | None) -> Lane | None:
+        tenant_id = choose(self._heaps, self._tier_list, now, eligible)
+        return None if tenant_id is None else self._lanes[tenant_id]

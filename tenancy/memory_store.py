@@ -54,6 +54,11 @@ class MemoryQuotaStore:
         state = self._tenants.get(tenant_id)
         return 0 if state is None else len(state.leases)
 
+    def holds(self, tenant_id: str, lease_id: str) -> bool:
+        """Whether ``lease_id`` holds a slot of ``tenant_id`` (an acquire of it again is a retry)."""
+        state = self._tenants.get(tenant_id)
+        return state is not None and lease_id in state.leases
+
     def acquire_sync(self, tenant_id: str, limits: LimitSpec, lease_id: str, tokens: int) -> AcquireResult:
         now = self._clock()
         state = self._state(tenant_id, limits, now)
@@ -86,10 +91,13 @@ class MemoryQuotaStore:
         return self.acquire_sync(tenant_id, limits, lease_id, tokens)
 
     def seed(self, tenant_id: str, limits: LimitSpec, requests: float, tokens: float, at: float) -> None:
-        """Set a tenant's bucket levels as of `at` (they refill from there); its leases stay."""
+        """Lower a tenant's bucket levels to those given as of `at` (they refill from there); its
+        leases stay. A seed never raises a bucket: one that was spent since holds only its refill,
+        so seeding again (a store that keeps losing Redis) hands out no share twice."""
+        now = max(self._clock(), at)
         state = self._state(tenant_id, limits, at)
-        state.rpm = TokenBucket(min(requests, limits.requests_per_minute), at)
-        state.tpm = TokenBucket(min(tokens, limits.tokens_per_minute), at)
+        state.rpm = _lower(state.rpm, TokenBucket(requests, at), limits.requests_per_minute, now)
+        state.tpm = _lower(state.tpm, TokenBucket(tokens, at), limits.tokens_per_minute, now)
 
     async def release(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
         return self.release_sync(lease, limits, used_tokens)
@@ -144,3 +152,11 @@ def _rate_state(state: _TenantQuotaState, limits: LimitSpec) -> RateLimitState:
         tokens_remaining=math.floor(state.tpm.level),
         tokens_reset_s=state.tpm.wait_for(tpm, tpm),
     )
+
+
+def _lower(current: TokenBucket, seeded: TokenBucket, capacity: float, now: float) -> TokenBucket:
+    """The lower of two buckets, both refilled to ``now``."""
+    seeded.level = min(seeded.level, float(capacity))
+    for bucket in (current, seeded):
+        bucket.refill(capacity, now)
+    return current if current.level <= seeded.level else seeded

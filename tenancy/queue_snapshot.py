@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -25,3 +26,15 @@ class FairQueueSnapshot:
     depth_by_class: dict[str, int]
     depth_by_tier: dict[int, int]
     total: int
+
+    @classmethod
+    def of(
+        cls, stats: Iterable[TenantQueueStats], classes: Iterable[str], tiers: Iterable[int], total: int
+    ) -> FairQueueSnapshot:
+        tenants = {s.tenant_id: s for s in stats}
+        by_class = dict.fromkeys(classes, 0)
+        by_tier = dict.fromkeys(tiers, 0)
+        for s in tenants.values():
+            by_class[s.sla_class] += s.queued
+            by_tier[s.tier] += s.queued
+        return cls(tenants, by_class, by_tier, total)

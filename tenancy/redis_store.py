@@ -5,16 +5,18 @@ is one atomic Lua script. Keys are ``{prefix}:{<tenant>}:<what>`` (the braces ar
 hash tag, so one tenant's keys share a slot) and all carry TTLs.
 
 If Redis is unreachable or slow (``op_timeout``), the store turns ``degraded``: admission runs on
-a local ``MemoryQuotaStore`` with each limit scaled by ``fallback_fraction`` (set it to
+this router's share of each limit (``local_share``: scaled by ``fallback_fraction``, set it to
 ``1 / number of routers`` to keep the cluster-wide total near the quota), releases of Redis
 leases are queued and replayed later, and every ``retry_interval`` seconds a background probe
-tries to reconnect. No call waits on Redis longer than ``op_timeout``.
+tries to reconnect. A call that times out is sent again once (twice ``op_timeout`` in all), more
+only while its timeouts fire late because this router's event loop was busy (``redis_calls``).
 
 Buckets and slots run on Redis's ``TIME`` (one clock for every router), and each charge is marked
 with its request's lease id, so an acquire or a debit whose reply was lost charges once
 (``redis_scripts``). The reconnect probe first drops the client's pooled connections: after a Redis
 restart they are all dead, and each would otherwise fail one call and flap the store back into
-degraded mode.
+degraded mode; it also loads the scripts (a restarted Redis has none), and runs once before the
+router serves.
 """
 
 from __future__ import annotations
@@ -25,22 +27,24 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 import tenancy.redis_scripts as redis_scripts
 from tenancy.lease import Lease
-from tenancy.memory_store import MemoryQuotaStore
+from tenancy.local_share import LocalShare
 from tenancy.ratelimit_headers import RateLimitState
+from tenancy.redis_calls import POOL_CONNECTIONS, call_in_time, open_connections, quota_client
 from tenancy.store import SECONDS_PER_DAY, AcquireResult, LimitSpec, day_of
 
 log = logging.getLogger(__name__)
 
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+SCRIPTS = (redis_scripts.ACQUIRE, redis_scripts.RELEASE, redis_scripts.RENEW, redis_scripts.DEBIT)
 DEBIT_BATCH = 256  # requests per debit script call: keys per call stay few, a call stays short
 
 
@@ -64,19 +68,18 @@ class RedisQuotaStore:
         fallback_fraction: float = 1.0,
         concurrency_retry_after: float = 1.0,
         max_pending_releases: int = 100_000,
+        pool_connections: int = POOL_CONNECTIONS,
     ) -> None:
         self._client = client
         self._prefix = prefix
         self._clock = clock
         self._shared_clock = shared_clock
         self._op_timeout = op_timeout
+        self._pool_connections = pool_connections
         self._retry_interval = retry_interval
         self._lease_ttl = lease_ttl
-        self._fraction = fallback_fraction
         self._concurrency_retry_after = concurrency_retry_after
-        self._local = MemoryQuotaStore(clock, concurrency_retry_after, backend="local")
-        # tenant -> (limits, requests level, tokens level, when): Redis's buckets at its last answer
-        self._last_seen: dict[str, tuple[LimitSpec, float, float, float]] = {}
+        self._local = LocalShare(clock, fallback_fraction, concurrency_retry_after)
         self._acquire = client.register_script(redis_scripts.ACQUIRE)
         self._release = client.register_script(redis_scripts.RELEASE)
         self._renew = client.register_script(redis_scripts.RENEW)
@@ -87,16 +90,12 @@ class RedisQuotaStore:
         self._pending: deque[tuple[Lease, LimitSpec, int]] = deque(maxlen=max_pending_releases)
 
     @classmethod
-    def from_url(cls, url: str, op_timeout: float = 0.1, **kwargs: Any) -> RedisQuotaStore:
-        """A store on a new client with short socket timeouts and no client-side retries."""
-        client = Redis.from_url(
-            url,
-            socket_timeout=op_timeout,
-            socket_connect_timeout=op_timeout,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
-        return cls(client, op_timeout=op_timeout, **kwargs)
+    def from_url(
+        cls, url: str, op_timeout: float = 0.1, pool_connections: int = POOL_CONNECTIONS, **kwargs: Any
+    ) -> RedisQuotaStore:
+        """A store on a new client (``redis_calls.quota_client``)."""
+        client = quota_client(url, op_timeout, pool_connections)
+        return cls(client, op_timeout=op_timeout, pool_connections=pool_connections, **kwargs)
 
     @property
     def degraded(self) -> bool:
@@ -130,7 +129,7 @@ class RedisQuotaStore:
 
     async def acquire(self, tenant_id: str, limits: LimitSpec, lease_id: str, tokens: int) -> AcquireResult:
         if self._use_local():
-            return self._local.acquire_sync(tenant_id, limits.scaled(self._fraction), lease_id, tokens)
+            return self._local.acquire(tenant_id, limits, lease_id, tokens)
         day = self._today()
         rpm, tpm, conc, budget = self.keys(tenant_id, day)
         args = [
@@ -147,21 +146,27 @@ class RedisQuotaStore:
         ]
         keys = [rpm, tpm, conc, budget, self.request_mark(tenant_id, lease_id)]
         try:
-            async with asyncio.timeout(self._op_timeout):
-                raw = await self._acquire(keys=keys, args=args)
+            raw = await self._run(self._acquire, keys, args)
         except _FAILURES as exc:
-            # The script may have run (a lost reply): its charge and slot are undone by the debit of
-            # this local admission, which finds the request's mark (redis_scripts.DEBIT).
+            # The script may have run (a lost reply). If this router admits the request locally, the
+            # debit of that admission finds the request's mark and frees the slot (DEBIT). If it
+            # refuses it, the slot would be held by nobody until the lease TTL: release it once
+            # Redis is back (a no-op when the script never ran); its tokens come back, the request
+            # stays charged.
             self._enter_degraded(exc)
-            return self._local.acquire_sync(tenant_id, limits.scaled(self._fraction), lease_id, tokens)
+            result = self._local.acquire(tenant_id, limits, lease_id, tokens)
+            if not result.admitted:
+                phantom = Lease(lease_id, tenant_id, 0, 0, tokens, day, "redis", self._clock())
+                self._pending.append((phantom, limits, 0))
+            return result
         result = self._result(raw, limits, day)
-        self._last_seen[tenant_id] = (limits, float(raw[2]), float(raw[3]), self._clock())
+        self._local.saw(tenant_id, limits, float(raw[2]), float(raw[3]))
         return result
 
     async def release(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
         """First release of a lease settles it; while degraded, Redis releases are queued (True)."""
         if lease.backend != "redis":
-            return self._local.release_sync(lease, limits.scaled(self._fraction), used_tokens)
+            return self._local.release(lease, limits, used_tokens)
         if self.degraded:
             self._pending.append((lease, limits, used_tokens))
             self._use_local()
@@ -181,8 +186,7 @@ class RedisQuotaStore:
         conc = self.keys(lease.tenant_id, lease.budget_day)[2]
         args = [lease.lease_id, self._now_arg(), repr(self._lease_ttl), math.ceil(self._lease_ttl * 1000)]
         try:
-            async with asyncio.timeout(self._op_timeout):
-                return bool(await self._renew(keys=[conc], args=args))
+            return bool(await self._run(self._renew, [conc], args))
         except _FAILURES as exc:
             self._enter_degraded(exc)
             return True
@@ -203,19 +207,21 @@ class RedisQuotaStore:
             marks = [self.request_mark(tenant_id, lease_id) for lease_id, _ in batch]
             args = head + [x for lease_id, tokens in batch for x in (lease_id, tokens)]
             try:
-                async with asyncio.timeout(self._op_timeout):
-                    await self._debit(keys=[rpm, tpm, budget, conc, *marks], args=args)
+                await self._run(self._debit, [rpm, tpm, budget, conc, *marks], args)
             except _FAILURES as exc:
                 self._enter_degraded(exc)
                 return False
         return True
 
     async def probe(self) -> bool:
-        """Try Redis now; on success leave degraded mode and replay queued releases."""
+        """Try Redis now; on success load the scripts, leave degraded mode and replay queued releases.
+        Also the router's warm-up before it serves: a fresh Redis has no scripts either."""
         try:
             async with asyncio.timeout(self._op_timeout):
                 await drop_pooled_connections(self._client)
                 await self._client.ping()
+            await call_in_time(self._load_scripts, self._op_timeout)
+            await open_connections(self._client, self._pool_connections)
             while self._pending:
                 lease, limits, used = self._pending[0]
                 await self._release_in_redis(lease, limits, used)
@@ -236,12 +242,25 @@ class RedisQuotaStore:
 
     # -- internals -------------------------------------------------------------------------------
 
+    async def _load_scripts(self) -> None:
+        """Send every script ahead of the calls that need it (one round trip). A restarted Redis has
+        none, and a call that finds its script missing pays two more round trips inside its deadline
+        (NOSCRIPT, then SCRIPT LOAD): on a busy router, enough to time out and degrade the store."""
+        pipe = self._client.pipeline(transaction=False)
+        for source in SCRIPTS:
+            pipe.script_load(source)
+        await pipe.execute()
+
+    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """One script call within ``op_timeout``, sent again when the timeout was this router's own
+        delay (``redis_calls``: every script here is idempotent)."""
+        return await call_in_time(partial(script, keys=keys, args=args), self._op_timeout)
+
     async def _release_in_redis(self, lease: Lease, limits: LimitSpec, used_tokens: int) -> bool:
         _, tpm, conc, budget = self.keys(lease.tenant_id, lease.budget_day)
         refund = lease.reserved_tokens - used_tokens
         args = [self._now_arg(), limits.tokens_per_minute, lease.lease_id, refund]
-        async with asyncio.timeout(self._op_timeout):
-            return bool(await self._release(keys=[tpm, conc, budget], args=args))
+        return bool(await self._run(self._release, [tpm, conc, budget], args))
 
     def _use_local(self) -> bool:
         """Whether to serve locally now; starts a background reconnect probe when one is due."""
@@ -254,18 +273,12 @@ class RedisQuotaStore:
         return True
 
     def _enter_degraded(self, exc: BaseException) -> None:
+        reason = f"redis unreachable: {type(exc).__name__}: {exc}"
         if self._degraded_reason is None:
-            log.warning("quota store: Redis unreachable (%s); local limits in force", type(exc).__name__)
-            self._seed_local()
-        self._degraded_reason = f"redis unreachable: {type(exc).__name__}: {exc}"
+            log.warning("quota store: %s; local limits in force", reason)
+            self._local.seed()
+        self._degraded_reason = reason
         self._next_probe_at = self._clock() + self._retry_interval
-
-    def _seed_local(self) -> None:
-        """Local buckets start from this router's share of the levels Redis last reported, not full:
-        a tenant at its quota when Redis went away gets no fresh burst, only the local refill."""
-        for tenant_id, (limits, requests, tokens, at) in self._last_seen.items():
-            f = self._fraction
-            self._local.seed(tenant_id, limits.scaled(f), f * requests, f * tokens, at)
 
     def _result(self, raw: list[Any], limits: LimitSpec, day: int) -> AcquireResult:
         reason = _text(raw[0]) or None

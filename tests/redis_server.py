@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -84,8 +85,19 @@ class RedisProcess:
             time.sleep(0.02)
         return self
 
+    def pause(self) -> None:
+        """Stop the server without losing its state (SIGSTOP): calls hang until ``resume``, as they do
+        on a stalled server or from a router whose own event loop is too busy to read the reply."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)  # a paused server is killed all the same
             self._proc.kill()
             self._proc.wait(timeout=5)
         self._proc = None

@@ -1,10 +1,11 @@
 """Chat messages as OpenAI clients send them, and the plain dicts the chat template renders.
 
-Roles ``developer`` (OpenAI's newer name for ``system``), ``system``, ``user`` and ``assistant``;
-content as text or a list of text parts. What a text model cannot read (images, audio, files,
-video) and what belongs to tool calling (``tool`` and ``function`` messages, an assistant's
-``tool_calls``) is refused with a 400 that names the message and says why; ``openai_fields.py``
-has each treatment.
+Roles ``developer`` (OpenAI's newer name for ``system``), ``system``, ``user``, ``assistant`` and
+``tool``; content as text or a list of text parts. An assistant message may carry ``tool_calls``
+(its content then may be null), and a ``tool`` message answers one of them by ``tool_call_id``
+(``tool_schemas.py``). What a text model cannot read (images, audio, files, video) and the
+deprecated ``function`` messages are refused with a 400 that names the message and says why;
+``openai_fields.py`` has each treatment.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from cluster.edge.openai_fields import CONTENT_PARTS, MESSAGE, TOOLS, Treatment, refusal, unsupported
+from cluster.edge.openai_fields import CONTENT_PARTS, FUNCTIONS, MESSAGE, Treatment, refusal, unsupported
+from cluster.edge.tool_schemas import AssistantToolCall
 
 
 class TextPart(BaseModel):
@@ -80,7 +82,7 @@ class ChatMessage(BaseModel):
     name: str | None = Field(default=None, max_length=256)
     refusal: str | None = None
     audio: dict[str, Any] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
     function_call: dict[str, Any] | None = None
     tool_call_id: str | None = None
 
@@ -98,10 +100,14 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _text_roles(self) -> ChatMessage:
-        if self.role in ("tool", "function") or self.tool_call_id is not None:
-            raise PydanticCustomError("unsupported_parameter", f"{self.role} messages: {TOOLS}")
-        if self.tool_calls or self.function_call is not None:
-            raise PydanticCustomError("unsupported_parameter", f"an assistant's tool_calls: {TOOLS}")
+        if self.role == "function" or self.function_call is not None:
+            raise PydanticCustomError("unsupported_parameter", f"{self.role} message: {FUNCTIONS}")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise PydanticCustomError(
+                "invalid_tool_message", "a tool message needs tool_call_id, and only tool messages take it"
+            )
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("invalid_tool_calls", "tool_calls belong to assistant messages")
         if self.content is None and self.role != "assistant":
             raise PydanticCustomError("missing_content", f"a {self.role} message needs content")
         parts = self.content if isinstance(self.content, list) else []
@@ -115,10 +121,18 @@ class ChatMessage(BaseModel):
         text = "".join(part.plain() for part in self.content or [])
         return text or (self.refusal or "")
 
-    def template_dict(self) -> dict[str, str]:
-        """What the chat template reads: the template knows system/user/assistant, so ``developer``
-        goes in as ``system``; ``name`` rides along for templates that use it."""
-        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+    def template_dict(self) -> dict[str, Any]:
+        """What the chat template reads: the template knows system/user/assistant/tool, so
+        ``developer`` goes in as ``system``; ``name`` rides along for templates that use it, and an
+        assistant's calls and a tool message's call id as transformers passes them."""
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [call.template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out

@@ -2,9 +2,9 @@
 
 import asyncio
 import logging
-import uuid
 from typing import Any
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -21,6 +21,7 @@ from cluster.edge.body_limit import BodyLimit
 from cluster.edge.model_jobs import job_builders
 from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.prompt_batch import open_all
+from cluster.edge.request_ids import new_request_id
 from cluster.edge.router_state import health, models_state, totals
 from cluster.edge.tenant_views import check_own
 from cluster.errors import Draining, Forbidden, error_response
@@ -28,8 +29,11 @@ from cluster.ledger.rows import key_id as api_key_id
 from cluster.routing.model_pool import ModelPool
 from cluster.routing.replica_monitor import MonitorLoop, ReplicaMonitor, running_replicas
 from cluster.routing.router_core import RouterCore
+from cluster.routing.stream_receiver import StreamReceiver
 from cluster.routing.tenancy_sync import Deployment, TenancySync
 from cluster.serving import replica_board
+from cluster.telemetry.loop_holds import LoopHolds
+from cluster.telemetry.loop_lag import LoopLag
 from cluster.telemetry.process_memory import rss_bytes
 from cluster.telemetry.status_metrics import StatusMetrics
 from tenancy import Tenant, parse_bearer
@@ -76,21 +80,32 @@ class Ingress:
         self.router_id = ctx.replica_id.unique_id
         self.tenancy_sync = self._tenancy_sync(ctx.app_name, generation)
         self.core = RouterCore(self.cfg, replicas, (await self.tenancy_sync.initial()).config)
+        self.channel = StreamReceiver()
+        if self.cfg.stream_channel:  # replicas connect to this node's address (docs/cluster.md)
+            await self.channel.start(ray.util.get_node_ip_address())
+            self.core.attach_channel(self.channel)
+        self.loop_lag = LoopLag()  # /admin/state's loop_lag: how late a probe woke (load included)
+        self.loop_lag.start()
+        self.loop_holds = LoopHolds()  # /admin/state's loop_holds: the longest single callbacks
+        self.loop_holds.start()
         api.state.http_errors = self.core.metrics.http_errors
         self.jobs = job_builders(self.cfg, replicas)
         self.core.metrics.router_info.labels(self.router_id).set(1)
         self.drain = RouterDrain(ctx.app_name, self.router_id, lambda: self.core.held)
         self.ledger = ledger_views.start_ledger(self.cfg, ctx.app_name, self.router_id, self.core)
+        await self.core.warm_stores()
         self.monitor = MonitorLoop(
             [self._replica_monitor(ctx.app_name, pool) for pool in self.core.pools.values()],
             self.core.recorder,
             self.cfg.load_poll_interval_s,
-            hooks=(self.drain.poll, self.core.probe_stores, self.core.share_counters, self.tenancy_sync.poll),
+            hooks=(self.drain.poll, self.core.probe_stores, self.tenancy_sync.poll),
         )
         self.monitor.start()
+        self.core.start_counter_sync(self.cfg.counter_sync_s)
 
     async def __del__(self) -> None:
         # Serve awaits this on a graceful stop: a stopped router no longer counts as having applied.
+        await self.channel.stop()
         try:
             await asyncio.to_thread(self.tenancy_sync.forget)
         except Exception as exc:  # the GCS going down with the cluster
@@ -201,7 +216,13 @@ class Ingress:
 
     @api.post("/admin/timings/reset", responses=api_docs.ADMIN)
     async def admin_timings_reset(self, request: Request) -> Response:
-        return self._admin(request, lambda: self.core.recorder.clear() or {"reset": True})
+        return self._admin(request, self._reset_timings)
+
+    def _reset_timings(self) -> dict:
+        self.core.recorder.clear()
+        self.loop_lag.reset()
+        self.loop_holds.reset()
+        return {"reset": True}
 
     @api.get("/admin/state", responses=api_docs.ADMIN)
     async def admin_state(self, request: Request) -> Response:
@@ -221,8 +242,9 @@ class Ingress:
     async def _serve(
         self, request: Request, body: CompletionRequest | ChatCompletionRequest, kind: str
     ) -> Response:
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         tenant, key_id = None, ""
+        await asyncio.sleep(0)  # a yield point: the body's parsing and validation were one step
         try:
             tenant = self._tenant(request)
             key_id = api_key_id(
@@ -235,6 +257,9 @@ class Ingress:
             pool = self.core.pool_for(tenant, body.model)  # 404 before any quota is taken
             jobs = self.jobs[pool.name]
             batch = await jobs.build_all(request_id, pool.tenant(tenant), body)  # a job per prompt
+            # A yield point: parsing, auth, templating and tokenizing were one step of the loop;
+            # admission and dispatch are the next, so no request holds the loop for both.
+            await asyncio.sleep(0)
             if self.cfg.log_request_text:  # operators only: text stays out of logs by default
                 log.info("request %s tenant %s prompt %r", request_id, tenant.id, body.model_dump())
         except Exception as exc:  # refused before admission: after auth, a ledger row too
@@ -292,4 +317,7 @@ class Ingress:
             "draining": self.drain.draining,
             "quota_store_degraded": self.core.degraded,
             "rss_bytes": rss_bytes(),
+            "loop_lag": self.loop_lag.snapshot(),
+            "loop_holds": self.loop_holds.snapshot(),
+            "stream_channel": {"frames": self.channel.frames, "outputs": self.channel.outputs},
         }

@@ -19,10 +19,11 @@ from cluster.errors import classify
 from cluster.ledger.router_ledger import RouterLedger
 from cluster.ledger.rows import Pricing
 from cluster.ledger.sla_query import ledger_sla
-from cluster.ledger.time_range import bucket_width, time_range
+from cluster.ledger.store import LedgerStore
+from cluster.ledger.time_range import TimeRange, bucket_width, time_range
 from cluster.ledger.usage_query import usage_csv, usage_page, usage_rows
 from cluster.routing.router_core import RouterCore
-from tenancy import Tenant
+from tenancy import TenancyConfig, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ def start_ledger(config: AppConfig, app: str, router: str, core: RouterCore) -> 
         return Pricing(core.tenancy.config.gpu_dollars_per_hour, room)
 
     try:
-        ledger = RouterLedger(config, app, router, pricing, core.metrics.registry)
+        tenancy = lambda: core.tenancy.config  # noqa: E731 - the SLA targets now (reloads included)
+        ledger = RouterLedger(config, app, router, pricing, core.metrics.registry, tenancy=tenancy)
     except Exception as exc:  # an unwritable cache folder: serve, say so, report from memory
         log.error("ledger off on this router: %s", exc)
         return None
@@ -69,10 +71,10 @@ async def sla(
     if ledger is not None:
         try:
             await ledger.writer.flush()  # this router's own rows first: it reads what it served
-            report, method = await ledger_sla(ledger.store, core.tenancy.config, rng, ledger.app, tenant_id)
-            where = {"source": "ledger", "from": rng.start, "to": rng.end, "router": ledger.router}
-            where["percentiles"] = method
-            return JSONResponse(report.to_dict() | where)
+            config, app, router = core.tenancy.config, ledger.app, ledger.router
+            # The queries and the answer's JSON on the ledger's thread: a long report never holds
+            # the router's loop (issue 22).
+            return await ledger.query(lambda store: _sla_answer(store, config, rng, app, router, tenant_id))
         except Exception as exc:  # the database away: this router's memory, said so
             log.warning("ledger report failed (%s); answering from memory", type(exc).__name__)
     body = sla_report(recorder, core.tenancy.config, tenant_id)
@@ -88,13 +90,11 @@ async def usage_answer(
     if ledger is not None:
         try:
             await ledger.writer.flush()
-            config = core.tenancy.config
-            results, outcomes = await usage_rows(ledger.store, rng, width, config, ledger.app, tenant_id)
-            if query.get("format") == "csv":
-                return Response(usage_csv(results), media_type="text/csv")
-            page = usage_page(results, outcomes, rng, width)
-            where = {"tenant_id": tenant_id or "*", "source": "ledger", "router": ledger.router}
-            return JSONResponse(page | where)
+            config, app, router = core.tenancy.config, ledger.app, ledger.router
+            csv = query.get("format") == "csv"
+            return await ledger.query(
+                lambda store: _usage_answer(store, config, rng, width, app, router, tenant_id, csv)
+            )
         except Exception as exc:
             log.warning("ledger usage failed (%s); answering from memory", type(exc).__name__)
     records = core.recorder.records()
@@ -102,3 +102,35 @@ async def usage_answer(
     if tenant_id:
         return JSONResponse(usage(records, tenant_id) | {"source": "memory"})
     return JSONResponse({"tenants": [usage(records, t) for t in tenants], "source": "memory"})
+
+
+async def _sla_answer(
+    store: LedgerStore,
+    config: TenancyConfig,
+    rng: TimeRange,
+    app: str,
+    router: str,
+    tenant_id: str | None,
+) -> Response:
+    """On the ledger's thread: the SLA report and its JSON."""
+    report, method = await ledger_sla(store, config, rng, app, tenant_id)
+    where = {"source": "ledger", "from": rng.start, "to": rng.end, "router": router, "percentiles": method}
+    return JSONResponse(report.to_dict() | where)
+
+
+async def _usage_answer(
+    store: LedgerStore,
+    config: TenancyConfig,
+    rng: TimeRange,
+    width: int,
+    app: str,
+    router: str,
+    tenant_id: str | None,
+    csv: bool,
+) -> Response:
+    """On the ledger's thread: the usage buckets and their JSON (or CSV)."""
+    results, outcomes = await usage_rows(store, rng, width, config, app, tenant_id)
+    if csv:
+        return Response(usage_csv(results), media_type="text/csv")
+    page = usage_page(results, outcomes, rng, width)
+    return JSONResponse(page | {"tenant_id": tenant_id or "*", "source": "ledger", "router": router})

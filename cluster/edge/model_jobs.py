@@ -26,7 +26,7 @@ def job_builders(cfg: AppConfig, replicas: Mapping[str, DeploymentHandle]) -> di
             encoders[key] = PromptEncoder.for_model(*key)
         # The builder's config names its own model as the served one (the check it makes).
         view = cfg.model_copy(update={"served_model_name": m.name})
-        builders[m.name] = JobBuilder(view, encoders[key], context_of(replicas[m.name]))
+        builders[m.name] = JobBuilder(view, encoders[key], context_of(replicas[m.name]), m.tool_call_parser)
     return builders
 
 

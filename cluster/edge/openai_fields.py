@@ -40,8 +40,8 @@ def refused(reason: str) -> FieldTreatment:
     return FieldTreatment(Treatment.REFUSED, reason)
 
 
-TOOLS = "tool calls are not supported yet"
-_TOOLS = refused(TOOLS + ' (absent, `null`, an empty list and `"none"` are accepted)')
+FUNCTIONS = "the deprecated `functions` API is not supported: send `tools` (docs/openai.md, tool calls)"
+_FUNCTIONS = refused(FUNCTIONS + ' (absent, `null`, an empty list and `"none"` are accepted)')
 _OWN_CACHE = (
     "no effect: the replicas' prefix cache finds a tenant's repeated prompt blocks by their content "
     "(`docs/engine.md`, prefix caching), without keys, breakpoints or retention"
@@ -120,11 +120,22 @@ CHAT: dict[str, FieldTreatment] = {
         "a schema that breaks its metaschema or has a `$ref` that resolves nowhere: 400, `param` "
         '"response_format.json_schema.schema", a JSON pointer in the message'
     ),
-    "tools": _TOOLS,
-    "tool_choice": _TOOLS,
-    "parallel_tool_calls": _TOOLS,
-    "functions": _TOOLS,
-    "function_call": _TOOLS,
+    "tools": works(
+        "function tools, at most 128, unique names; `parameters` is a JSON Schema checked as "
+        "`response_format`'s (a bad one: 400, `param` `tools.<i>.function.parameters`, a JSON pointer "
+        "in the message); rendered by the model's chat template, or a system prompt where the template "
+        "has no tools (see Tool calls)"
+    ),
+    "tool_choice": works(
+        '`"auto"` (the model decides, the answer is parsed), `"none"` (no tools in the prompt), '
+        '`"required"` and `{"type": "function", "function": {"name": ...}}` (enforced by '
+        "grammar-constrained decoding); a name not in `tools`, or `required`/named without tools: 400"
+    ),
+    "parallel_tool_calls": works(
+        "default true; false: one call at most (`required` then asks for exactly one)"
+    ),
+    "functions": _FUNCTIONS,
+    "function_call": _FUNCTIONS,
     **VLLM_EXTRAS,
 }
 
@@ -157,7 +168,8 @@ STREAM_OPTIONS: dict[str, FieldTreatment] = {
 
 MESSAGE: dict[str, FieldTreatment] = {
     "role": works(
-        '`developer` (as `system`), `system`, `user`, `assistant`; `tool`, `function`: 400 ("' + TOOLS + '")'
+        "`developer` (as `system`), `system`, `user`, `assistant`, `tool` (answers a call by "
+        '`tool_call_id`); `function`: 400 ("' + FUNCTIONS + '")'
     ),
     "content": works(
         "text, or a list of content parts; `null` only on an assistant message (rendered empty)"
@@ -165,9 +177,12 @@ MESSAGE: dict[str, FieldTreatment] = {
     "name": works("passed to the chat template with the message (most templates leave it out)"),
     "refusal": informs("an assistant message's earlier refusal: rendered as its content when it has none"),
     "audio": refused(_NO_AUDIO),
-    "tool_calls": _TOOLS,
-    "function_call": _TOOLS,
-    "tool_call_id": refused(TOOLS + " (a `tool` message)"),
+    "tool_calls": works(
+        "an assistant's earlier calls (`content` may be null), arguments a JSON object as text; each "
+        "is answered by a `tool` message before the next other message, else 400"
+    ),
+    "function_call": _FUNCTIONS,
+    "tool_call_id": works("on `tool` messages only: the call it answers (one that is open, else 400)"),
 }
 
 CONTENT_PARTS: dict[str, FieldTreatment] = {

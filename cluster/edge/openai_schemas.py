@@ -4,7 +4,8 @@ Sampling fields are OpenAI's (temperature, top_p, n, seed, stop, presence_penalt
 frequency_penalty, logit_bias, logprobs) and vLLM's extras (top_k, min_p, repetition_penalty,
 min_tokens, stop_token_ids, ignore_eos); `replica.SamplingParams` documents what each does.
 Every other field of OpenAI's requests has its treatment in `openai_fields.py`: the chat request's
-informational and refused fields are in `request_extras.py`, its messages in `chat_messages.py`.
+informational and refused fields are in `request_extras.py`, its messages in `chat_messages.py`, its
+tool fields in `tool_schemas.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from cluster.edge.chat_messages import ChatMessage
 from cluster.edge.openai_fields import COMPLETIONS, STREAM_OPTIONS, refusal
 from cluster.edge.request_extras import ChatInforms, ChatRefuses
 from cluster.edge.response_format import ResponseFormat, grammar_fields
+from cluster.edge.tool_schemas import ChatTools, with_call_names
 
 MAX_PROMPTS = 32  # prompts in one completions request: each is its own request to admit and queue
 MAX_STOP = 4
@@ -191,7 +193,7 @@ class CompletionRequest(_Sampling):
         return [p]  # type: ignore[list-item]
 
 
-class ChatCompletionRequest(_Sampling, ChatInforms, ChatRefuses):
+class ChatCompletionRequest(_Sampling, ChatInforms, ChatRefuses, ChatTools):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -213,8 +215,8 @@ class ChatCompletionRequest(_Sampling, ChatInforms, ChatRefuses):
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def template_messages(self) -> list[dict[str, str]]:
-        return [m.template_dict() for m in self.messages]
+    def template_messages(self) -> list[dict[str, Any]]:
+        return with_call_names([m.template_dict() for m in self.messages])
 
 
 class PromptTokensDetails(BaseModel):

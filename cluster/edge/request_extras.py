@@ -2,8 +2,9 @@
 
 Their treatments (and the reasons the refusals give) are in ``openai_fields.py``. An informational
 field is checked as OpenAI checks it and then has no effect beyond what its treatment says; a
-refused field is accepted only in the forms that ask for nothing (absent, ``null``, an empty tool
-list, ``tool_choice: "none"``), so a client is never silently given less than it asked for.
+refused field is accepted only in the forms that ask for nothing (absent, ``null``, an empty
+``functions`` list, ``function_call: "none"``), so a client is never silently given less than it
+asked for. The tool-calling fields that work are in ``tool_schemas.ChatTools``.
 """
 
 from __future__ import annotations
@@ -62,27 +63,24 @@ class ChatRefuses(BaseModel):
     audio: dict[str, Any] | None = None
     moderation: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
     functions: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
     function_call: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
 
-    @field_validator("audio", "moderation", "web_search_options", "parallel_tool_calls")
+    @field_validator("audio", "moderation", "web_search_options")
     @classmethod
     def _refused(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None:
             raise refusal(str(info.field_name))
         return v
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _no_tools(cls, v: list | None, info: ValidationInfo) -> list | None:
+    def _no_functions(cls, v: list | None, info: ValidationInfo) -> list | None:
         if v:
             raise refusal(str(info.field_name))
         return v
 
-    @field_validator("tool_choice", "function_call")
+    @field_validator("function_call")
     @classmethod
     def _choose_none(cls, v: str | dict | None, info: ValidationInfo) -> str | dict | None:
         if v is not None and v != "none":

@@ -86,14 +86,15 @@ async def check_grammar(fields: dict[str, str] | None) -> None:
 
 
 @lru_cache(maxsize=256)
-def schema_problem(text: str) -> str | None:
-    """Why the schema (compact JSON text) cannot be enforced, or None; cached per schema."""
+def schema_problem(text: str, param: str = PARAM) -> str | None:
+    """Why the schema (compact JSON text) cannot be enforced, or None; cached per schema. The message
+    starts with ``param`` (where the schema sits in the request: tools' parameters check here too)."""
     if len(text) > MAX_SCHEMA_CHARS:
-        return _at("", f"the schema is over {MAX_SCHEMA_CHARS} characters")
-    return _metaschema_problem(json.loads(text)) or _library_problem(text)
+        return _at("", f"the schema is over {MAX_SCHEMA_CHARS} characters", param)
+    return _metaschema_problem(json.loads(text), param) or _library_problem(text, param)
 
 
-def _metaschema_problem(schema: dict[str, Any]) -> str | None:
+def _metaschema_problem(schema: dict[str, Any], param: str) -> str | None:
     """The schema against its metaschema, and every `$ref` resolved; the message points into it."""
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import Draft202012Validator, validator_for
@@ -101,16 +102,15 @@ def _metaschema_problem(schema: dict[str, Any]) -> str | None:
     try:
         validator_for(schema, default=Draft202012Validator).check_schema(schema)
     except SchemaError as exc:
-        return _at(_pointer(exc.path), exc.message)
+        return _at(_pointer(exc.path), exc.message, param)
     for where, ref in _refs(schema, ()):
         if not _resolves(schema, ref):
-            return _at(
-                _pointer(where), f"$ref {ref!r} resolves nowhere in the schema (only local refs, #/...)"
-            )
+            why = f"$ref {ref!r} resolves nowhere in the schema (only local refs, #/...)"
+            return _at(_pointer(where), why, param)
     return None
 
 
-def _library_problem(text: str) -> str | None:
+def _library_problem(text: str, param: str) -> str | None:
     """The grammar library's own verdict (no tokenizer needed), where it runs torch-free here."""
     library = _grammar_library()
     if library is None:
@@ -118,9 +118,9 @@ def _library_problem(text: str) -> str | None:
     try:
         grammar = library.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
     except ValueError as exc:
-        return _at("", str(exc))
+        return _at("", str(exc), param)
     is_error, messages = library.LLMatcher.validate_grammar_with_warnings(grammar)
-    return _at("", f"the grammar cannot be built: {messages[0]}") if is_error else None
+    return _at("", f"the grammar cannot be built: {messages[0]}", param) if is_error else None
 
 
 @lru_cache(maxsize=1)
@@ -137,8 +137,8 @@ def _grammar_library():
     return llguidance
 
 
-def _at(pointer: str, message: str) -> str:
-    return f"{PARAM} at '{pointer or '/'}': {message}"
+def _at(pointer: str, message: str, param: str = PARAM) -> str:
+    return f"{param} at '{pointer or '/'}': {message}"
 
 
 def _pointer(path) -> str:

@@ -24,6 +24,7 @@ from cluster.edge.logprobs_format import (
     merge_completion_logprobs,
 )
 from cluster.edge.openai_schemas import usage
+from cluster.edge.sse_pieces import PlainPieces
 from cluster.errors import classify, error_body
 
 Kind = Literal["completion", "chat"]
@@ -216,8 +217,11 @@ async def sse_stream(
     include_usage: bool,
     token_text: TokenText = str,
     n: int = 1,
+    shape: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
 ) -> AsyncIterator[bytes]:
     """Chunks for every output, the usage chunk when asked, then ``data: [DONE]``.
+
+    ``shape`` rewrites each chunk into none or more (tool calls: ``tool_answers.ChunkShaper``).
 
     The last output's chunk, the usage chunk and ``[DONE]`` leave as one piece: each piece is one
     ASGI message through Serve (router → proxy hop, one socket write), the per-request cost that
@@ -226,17 +230,27 @@ async def sse_stream(
     states = choice_states(meta, token_text, n)
     ended = False
     tally = UsageTally()
+    plain = meta.logprobs is None and meta.echo is None and not meta.continuous_usage and shape is None
+    pieces = PlainPieces(_envelope(meta, chunked=True), meta.kind) if plain else None
     async for item in outputs:  # pulled to its end: that is where the request is closed as "ok"
         tally.add(item)
         state = states[item["index"]]
         if item["done"]:
-            last = sse(chunk(meta, state, item))
+            last = _shaped(shape, chunk(meta, state, item))
             yield last + _tail(meta, tally, include_usage)
             ended = True
+        elif pieces is not None and state.started and item["finish_reason"] is None and item["text"]:
+            yield pieces.piece(state.index, item["text"])  # the common chunk, pre-serialized
         elif item["text"] or not state.started or item["finish_reason"] is not None or "logprobs" in item:
-            yield sse(chunk(meta, state, item))
+            piece = _shaped(shape, chunk(meta, state, item))
+            if piece:
+                yield piece
     if not ended:
         yield _tail(meta, tally, include_usage)
+
+
+def _shaped(shape: Callable[[dict[str, Any]], list[dict[str, Any]]] | None, body: dict[str, Any]) -> bytes:
+    return b"".join(sse(c) for c in shape(body)) if shape is not None else sse(body)
 
 
 def _tail(meta: ResponseMeta, tally: UsageTally, include_usage: bool) -> bytes:

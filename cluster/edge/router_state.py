@@ -25,7 +25,6 @@ def pool_state(pool: ModelPool, monitor: ReplicaMonitor) -> dict[str, Any]:
         "replicas": monitor.replicas,
         "active_leases": pool.active_leases(),
         "waiters": d.waiters,
-        "tracked_ids": d.tracked_ids,
         "quota_store_degraded": pool.quotas.degraded,
     }
 
@@ -39,7 +38,7 @@ def totals(models: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The sums over every model, under the one-model app's names; leases summed per tenant."""
     out: dict[str, Any] = {
         key: sum(m[key] for m in models.values())
-        for key in ("in_flight", "capacity", "queued", "replicas", "waiters", "tracked_ids")
+        for key in ("in_flight", "capacity", "queued", "replicas", "waiters")
     }
     leases: Counter[str] = Counter()
     for m in models.values():

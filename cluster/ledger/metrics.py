@@ -27,13 +27,15 @@ def register(registry: CollectorRegistry, writer: LedgerWriter) -> None:
     """Pending, spilled and dropped rows, write errors and the age of the last write, on ``registry``."""
     Gauge(
         "fairlane_ledger_pending_rows", "Rows queued in memory for the ledger database.", registry=registry
-    ).set_function(lambda: len(writer.pending))
+    ).set_function(lambda: writer.pending_rows)
     Gauge(
         "fairlane_ledger_spilled_rows", "Rows in this router's local spill file.", registry=registry
     ).set_function(lambda: writer.spill.rows)
     Gauge(
-        "fairlane_ledger_dropped_rows", "Rows dropped: the spill file was full.", registry=registry
-    ).set_function(lambda: writer.spill.dropped)
+        "fairlane_ledger_dropped_rows",
+        "Rows dropped: the spill file or the hand-over queue was full.",
+        registry=registry,
+    ).set_function(lambda: writer.dropped)
     Gauge(
         "fairlane_ledger_last_write_age_seconds",
         "Seconds since rows last reached the ledger database.",

@@ -4,18 +4,13 @@ Exact nearest rank (the in-memory report's rule) while the range holds at most `
 successful rows: PostgreSQL's ``percentile_disc`` (the same rule), every grouping and metric in one
 statement over ``GROUPING SETS``; SQLite hands the latencies over and they are ranked here. Past
 that, exact ranks sort every value of the range per grouping (44 s for a month of 10 million rows
-on the CPU box), so PostgreSQL counts the three metrics into log bins 0.5 % wide per (tenant,
-class, model) in one parallel scan, the counts add up into each grouping, and a percentile is the
-middle of the bin holding its rank: within 0.25 % of the exact value. The report says which.
+on the CPU box), so the report merges the hourly rollup's histograms instead
+(``histogram_quantiles.py``): within 0.25 % of the exact value. The report says which.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter, defaultdict
-
-from sqlalchemy import Integer, case, cast, func, literal, select, text, true
-from sqlalchemy.dialects.postgresql import array
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cluster.ledger.schema import requests as r
@@ -25,20 +20,15 @@ METRICS = ("ttft_s", "tpot_s", "e2e_s")
 GROUPINGS = ("tenant_id", "sla_class", "model")
 REPORT_WORK_MEM = "256MB"  # for the sorts of this statement's transaction only
 EXACT_ROWS = 1_000_000
-BINS_PER_E = 200  # bins per factor e: each bin spans 0.5 % of its values
-FLOOR_S = 1e-6  # values at or below this share one bin, reported as 0
-ZERO_BIN = -(10**6)
 Quantiles = dict[str, dict[str, float | None]]  # metric -> {"p50": ...}
 Ranked = dict[str, dict[str, Quantiles]]  # grouping -> key -> metric -> percentiles
 
 
-async def quantiles(conn: AsyncConnection, dialect: str, clauses: list, ok_rows: int) -> tuple[Ranked, str]:
-    """Every grouping's percentiles, and how they were ranked: "exact" or "histogram"."""
+async def exact_quantiles(conn: AsyncConnection, dialect: str, clauses: list) -> Ranked:
+    """Every grouping's exact percentiles over the rows ``clauses`` select."""
     if dialect != "postgresql":
-        return await fetched(conn, clauses), "exact"
-    if ok_rows <= EXACT_ROWS:
-        return await ranked_pg(conn, clauses), "exact"
-    return await histogram_pg(conn, clauses), "histogram"
+        return await fetched(conn, clauses)
+    return await ranked_pg(conn, clauses)
 
 
 async def ranked_pg(conn: AsyncConnection, clauses: list) -> Ranked:
@@ -91,50 +81,3 @@ async def fetched(conn: AsyncConnection, clauses: list) -> Ranked:
         }
         for g, groups in values.items()
     }
-
-
-def bin_middle(b: int) -> float:
-    return 0.0 if b == ZERO_BIN else FLOOR_S * math.exp((b + 0.5) / BINS_PER_E)
-
-
-async def histogram_pg(conn: AsyncConnection, clauses: list) -> Ranked:
-    """Bin counts per (tenant, class, model, metric), the three metrics unpivoted in one scan and
-    hashed (no sort), summed here into each grouping."""
-    # A function in FROM may name the columns before it (LATERAL is implied): m(v, k) per row.
-    m = func.unnest(array([r.c[name] for name in METRICS])).table_valued("v", with_ordinality="k")
-    m = m.render_derived(name="m")
-    log_bin = cast(func.floor(func.ln(m.c.v / FLOOR_S) * BINS_PER_E), Integer)
-    b = case((m.c.v <= FLOOR_S, literal(ZERO_BIN)), else_=log_bin).label("b")
-    keys = (r.c.tenant_id, r.c.sla_class, r.c.model, m.c.k, b)
-    query = (
-        select(*keys, func.count().label("n"))
-        .select_from(r.join(m, true()))
-        .where(*clauses, r.c.outcome == "ok", m.c.v.is_not(None))
-        .group_by(*keys)
-    )
-    counts: dict[str, dict[str, dict[str, Counter[int]]]] = {
-        g: defaultdict(lambda: {name: Counter() for name in METRICS}) for g in GROUPINGS
-    }
-    for row in (await conn.execute(query)).all():
-        metric = METRICS[int(row.k) - 1]
-        for gi, grouping in enumerate(GROUPINGS):
-            counts[grouping][row[gi]][metric][int(row.b)] += int(row.n)
-    return {
-        g: {key: {name: ranks(hist) for name, hist in metrics.items()} for key, metrics in groups.items()}
-        for g, groups in counts.items()
-    }
-
-
-def ranks(hist: Counter[int]) -> dict[str, float | None]:
-    """Nearest-rank percentiles of a histogram: the middle of the bin holding each rank."""
-    total = sum(hist.values())
-    out: dict[str, float | None] = {}
-    for p in PERCENTILES:
-        out[f"p{p}"] = None
-        rank, seen = max(1, math.ceil(p / 100 * total)), 0
-        for b in sorted(hist) if total else ():
-            seen += hist[b]
-            if seen >= rank:
-                out[f"p{p}"] = bin_middle(b)
-                break
-    return out

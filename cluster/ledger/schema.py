@@ -1,4 +1,4 @@
-"""The ledger table as SQLAlchemy sees it, for inserts and queries (``migrations/`` creates it)."""
+"""The ledger tables as SQLAlchemy sees them, for inserts and queries (``migrations/`` creates them)."""
 
 from __future__ import annotations
 
@@ -30,4 +30,56 @@ requests = Table(
     Column("reason", Text),
     Column("replica_seconds", Float(precision=53), nullable=False),
     Column("cost_usd", Float(precision=53), nullable=False),
+)
+
+# The hourly rollup (migrations/0002_rollup.sql).
+rollup = Table(
+    "ledger_rollup",
+    metadata,
+    Column("app", Text, primary_key=True),
+    Column("hour", BigInteger, primary_key=True),
+    Column("tenant_id", Text, primary_key=True),
+    Column("api_key_id", Text, primary_key=True),
+    Column("model", Text, primary_key=True),
+    Column("sla_class", Text, primary_key=True),
+    Column("outcome", Text, primary_key=True),
+    Column("requests", BigInteger, nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("cached_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("met", BigInteger, nullable=False),
+    Column("cost_usd", Float(precision=53), nullable=False),
+    Column("replica_seconds", Float(precision=53), nullable=False),
+)
+
+rollup_latency = Table(
+    "ledger_rollup_latency",
+    metadata,
+    Column("app", Text, primary_key=True),
+    Column("hour", BigInteger, primary_key=True),
+    Column("tenant_id", Text, primary_key=True),
+    Column("model", Text, primary_key=True),
+    Column("sla_class", Text, primary_key=True),
+    Column("metric", Text, primary_key=True),
+    Column("samples", BigInteger, nullable=False),
+    Column("bins", Text, nullable=False),
+)
+
+rollup_dirty = Table(
+    "ledger_rollup_dirty",
+    metadata,
+    Column("app", Text, primary_key=True),
+    Column("hour", BigInteger, primary_key=True),
+    Column("router", Text, primary_key=True),
+    Column("version", BigInteger, nullable=False),
+    Column("marked_at", Float(precision=53), nullable=False),
+)
+
+rollup_hours = Table(
+    "ledger_rollup_hours",
+    metadata,
+    Column("app", Text, primary_key=True),
+    Column("hour", BigInteger, primary_key=True),
+    Column("targets", Text, nullable=False),
+    Column("rolled_at", Float(precision=53), nullable=False),
 )

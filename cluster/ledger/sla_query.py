@@ -1,8 +1,10 @@
 """The SLA report from the ledger: the same report as a router's memory gives, over every router's rows.
 
-Two statements: the sums (``summary.py``), folded here into the tenant, class and model groups
-(and into usage buckets when asked), then the percentiles (``quantiles.py``), which do not add up
-and are ranked per group (how depends on the successful rows the sums counted).
+The sums (the hourly rollup's for whole hours, ``rollup_query.py``, and the rows' for the rest,
+``summary.py``), folded here into the tenant, class and model groups (and into usage buckets when
+asked), then the percentiles, which do not add up and are ranked per group: exactly from the rows
+(``quantiles.py``) up to ``EXACT_ROWS`` successful rows, else from merged histograms
+(``histogram_quantiles.py``).
 """
 
 from __future__ import annotations
@@ -10,9 +12,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from cluster.ledger.quantiles import GROUPINGS, METRICS, Ranked, quantiles
+from cluster.ledger import quantiles
+from cluster.ledger.histogram_quantiles import histogram_ranked
+from cluster.ledger.quantiles import GROUPINGS, METRICS, Ranked, exact_quantiles
+from cluster.ledger.rollup_job import targets_signature
+from cluster.ledger.rollup_plan import Plan, all_rows, plan
+from cluster.ledger.rollup_query import plan_sums
 from cluster.ledger.store import LedgerStore
-from cluster.ledger.summary import SumRow, summary, where
+from cluster.ledger.summary import SumRow, where
 from cluster.ledger.time_range import TimeRange
 from cluster.telemetry.sla_report import PERCENTILES, GroupReport, SLAReport
 from tenancy import TenancyConfig
@@ -51,14 +58,21 @@ class LedgerReport:
     sums: list[SumRow]  # per bucket when a width was asked for (usage_query folds them)
 
 
-async def _sums(store: LedgerStore, clauses: list, config: TenancyConfig, width: int | None) -> list[SumRow]:
+async def report_plan(
+    store: LedgerStore, config: TenancyConfig, rng: TimeRange, app: str | None, tenant_id: str | None
+) -> Plan:
+    """Which hours the rollup answers and which the rows do (``rollup_plan.py``)."""
     async with store.connect() as conn:
-        return await summary(conn, store.dialect, clauses, config, width)
+        return await plan(conn, rng, app, tenant_id, targets_signature(config))
 
 
-async def _ranked(store: LedgerStore, clauses: list, ok_rows: int) -> tuple[Ranked, str]:
-    async with store.connect() as conn:
-        return await quantiles(conn, store.dialect, clauses, ok_rows)
+async def _ranked(
+    store: LedgerStore, rng: TimeRange, app, tenant_id, plan_: Plan, ok_rows: int
+) -> tuple[Ranked, str]:
+    if ok_rows <= quantiles.EXACT_ROWS:
+        async with store.connect() as conn:
+            return await exact_quantiles(conn, store.dialect, where(rng, app, tenant_id)), "exact"
+    return await histogram_ranked(store, plan_), "histogram"
 
 
 async def ledger_report(
@@ -68,13 +82,18 @@ async def ledger_report(
     app: str | None = None,
     tenant_id: str | None = None,
     width: int | None = None,
+    use_rollup: bool = True,
 ) -> LedgerReport:
     """The SLA report over the ledger's rows in ``rng`` (of one app; of one tenant when given: then,
-    as in a router's own report, no model groups), with the sums per ``width``-second bucket."""
-    clauses = where(rng, app, tenant_id)
-    sums = await _sums(store, clauses, config, width)
+    as in a router's own report, no model groups), with the sums per ``width``-second bucket. Whole
+    hours come from the hourly rollup where it is up to date (unless ``use_rollup`` is False), the
+    rest from the rows."""
+    plan_ = (
+        await report_plan(store, config, rng, app, tenant_id) if use_rollup else all_rows(rng, app, tenant_id)
+    )
+    sums = await plan_sums(store, plan_, config, width)
     ok_rows = sum(s.requests for s in sums if s.outcome == "ok")
-    ranked, method = await _ranked(store, clauses, ok_rows)
+    ranked, method = await _ranked(store, rng, app, tenant_id, plan_, ok_rows)
     groups: dict[str, dict[str, Sums]] = {g: defaultdict(Sums) for g in GROUPINGS}
     for row in sums:
         for grouping in GROUPINGS:

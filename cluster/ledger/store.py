@@ -1,5 +1,8 @@
 """Where ledger rows live: PostgreSQL (a DSN) or an SQLite file, behind one SQLAlchemy async engine.
 
+In a router every call runs on the ledger's thread (``db_thread.py``), whose loop owns the engine's
+connections (a CLI or a test may use a store from its own loop).
+
 Both databases get the same table (``migrations/``), the same insert (``ON CONFLICT DO NOTHING`` on
 the request id, so a row replayed after an outage or sent twice is stored once) and the same
 queries; only the driver differs (asyncpg, aiosqlite).
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import math
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -20,18 +24,27 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from cluster.ledger.rows import LedgerRow
-from cluster.ledger.schema import requests
+from cluster.ledger.schema import requests, rollup_dirty
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 PG_COLUMNS = tuple(c.name for c in requests.columns)
 PG_CHUNK = 100
 _PG_TYPES = {"TEXT": "text", "BIGINTEGER": "int8", "FLOAT": "float8"}
+HOUR = 3600
+# Rows, and in the same statement a dirty mark on each (app, hour, router) a row was actually
+# inserted into (RETURNING: a replayed row marks nothing), for the rollup job (rollup_job.py). A mark
+# that exists gets its version raised: the job clears only the version it saw before rebuilding.
 PG_INSERT = (
-    f"INSERT INTO ledger_requests ({', '.join(PG_COLUMNS)}) SELECT * FROM unnest("
+    f"WITH stored AS (INSERT INTO ledger_requests ({', '.join(PG_COLUMNS)}) SELECT * FROM unnest("
     + ", ".join(
         f"${i}::{_PG_TYPES[type(c.type).__name__.upper()]}[]" for i, c in enumerate(requests.columns, 1)
     )
-    + ") ON CONFLICT (request_id) DO NOTHING"
+    + ") ON CONFLICT (request_id) DO NOTHING RETURNING app, router, arrival) "
+    "INSERT INTO ledger_rollup_dirty (app, hour, router, version, marked_at) "
+    f"SELECT DISTINCT app, CAST(floor(arrival / {HOUR}) * {HOUR} AS BIGINT), router, 1, "
+    f"${len(requests.columns) + 1}::float8 FROM stored "
+    "ON CONFLICT (app, hour, router) DO UPDATE "
+    "SET version = ledger_rollup_dirty.version + 1, marked_at = excluded.marked_at"
 )
 # Any constant: routers starting together take it, so one applies the migrations and the rest wait.
 MIGRATION_LOCK = 0x6661_6972_6C65  # "fairle"
@@ -165,21 +178,35 @@ class LedgerStore:
             await self._insert_pg(rows)
             return
         stmt = sqlite_insert(requests).on_conflict_do_nothing(index_elements=["request_id"])
+        # SQLite cannot say which rows of an executemany went in: every batch row's hour is
+        # marked (a replay may re-roll an hour for nothing, never miss one). One writer at a time.
+        now = time.time()
+        marks = {(r.app, math.floor(r.arrival / HOUR) * HOUR, r.router) for r in rows}
+        mark = sqlite_insert(rollup_dirty).on_conflict_do_update(
+            index_elements=["app", "hour", "router"],
+            set_={"version": rollup_dirty.c.version + 1, "marked_at": now},
+        )
         async with self.engine.begin() as conn:
             await conn.execute(stmt, [r.to_dict() for r in rows])
+            await conn.execute(
+                mark,
+                [{"app": a, "hour": h, "router": rt, "version": 1, "marked_at": now} for a, h, rt in marks],
+            )
 
     async def _insert_pg(self, rows: Sequence[LedgerRow]) -> None:
-        """One statement over column arrays, bound by asyncpg itself: the writer runs on the router's
-        event loop, and building SQLAlchemy's per-row parameters costs ~25 µs a row there (a 500-row
-        batch would hold the loop ~14 ms); the arrays cost a few µs a row (docs/ledger.md)."""
+        """One statement over column arrays, bound by asyncpg itself: building SQLAlchemy's per-row
+        parameters costs ~25 µs a row (a 500-row batch ~14 ms); the arrays cost a few µs a row
+        (docs/ledger.md). The writer runs on the ledger's thread (``db_thread.py``), but that thread
+        shares the GIL with the router's loop: CPU spent here is still CPU the router waits for."""
         async with self.engine.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection
-            # Statements of PG_CHUNK rows: encoding one holds the loop well under a millisecond, and
-            # the loop runs other work while each is on the wire. Each is its own transaction, which
+            # Statements of PG_CHUNK rows: encoding one takes well under a millisecond, and the
+            # GIL is free for the router while each is on the wire. Each is its own transaction, which
             # the idempotent insert makes safe to repeat.
             for i in range(0, len(rows), PG_CHUNK):
                 chunk = rows[i : i + PG_CHUNK]
-                await raw.execute(PG_INSERT, *([getattr(r, name) for r in chunk] for name in PG_COLUMNS))
+                columns = ([getattr(r, name) for r in chunk] for name in PG_COLUMNS)
+                await raw.execute(PG_INSERT, *columns, time.time())
 
     async def delete_before(self, cutoff: float) -> int:
         """Delete rows that arrived before ``cutoff`` (unix seconds); how many went."""

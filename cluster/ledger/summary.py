@@ -95,22 +95,23 @@ async def summary(
         .where(*clauses)
         .group_by(*keys)
     )
-    # int()/float(): PostgreSQL's sums of BIGINT come back as Decimal.
-    return [
-        SumRow(
-            int(row.start),
-            row.tenant_id,
-            row.api_key_id,
-            row.model,
-            row.sla_class,
-            row.outcome,
-            int(row.requests),
-            int(row.input_tokens or 0),
-            int(row.cached_tokens or 0),
-            int(row.output_tokens or 0),
-            int(row.met or 0),
-            float(row.cost or 0.0),
-            float(row.replica_seconds or 0.0),
-        )
-        for row in (await conn.execute(query)).all()
-    ]
+    return [sum_row(row) for row in (await conn.execute(query)).all()]
+
+
+def sum_row(row) -> SumRow:
+    """A result row as a SumRow; int()/float(): PostgreSQL's sums of BIGINT come back as Decimal."""
+    return SumRow(
+        int(row.start),
+        row.tenant_id,
+        row.api_key_id,
+        row.model,
+        row.sla_class,
+        row.outcome,
+        int(row.requests),
+        int(row.input_tokens or 0),
+        int(row.cached_tokens or 0),
+        int(row.output_tokens or 0),
+        int(row.met or 0),
+        float(row.cost or 0.0),
+        float(row.replica_seconds or 0.0),
+    )

@@ -8,8 +8,11 @@ import io
 from collections import Counter
 from dataclasses import asdict, dataclass
 
+from cluster.ledger.rollup_job import targets_signature
+from cluster.ledger.rollup_plan import plan
+from cluster.ledger.rollup_query import plan_sums
 from cluster.ledger.store import LedgerStore
-from cluster.ledger.summary import SumRow, summary, where
+from cluster.ledger.summary import SumRow
 from cluster.ledger.time_range import TimeRange
 from tenancy import TenancyConfig
 
@@ -73,10 +76,10 @@ async def usage_rows(
     app: str | None = None,
     tenant_id: str | None = None,
 ) -> tuple[list[UsageResult], Counter[str]]:
-    """Usage alone: one statement, the sums per bucket."""
+    """Usage alone: the sums per bucket, the rollup's whole hours and the rows of the rest."""
     async with store.connect() as conn:
-        sums = await summary(conn, store.dialect, where(rng, app, tenant_id), config, width)
-    return usage_results(sums, width)
+        plan_ = await plan(conn, rng, app, tenant_id, targets_signature(config))
+    return usage_results(await plan_sums(store, plan_, config, width), width)
 
 
 def usage_page(results: list[UsageResult], outcomes: Counter[str], rng: TimeRange, width: int) -> dict:

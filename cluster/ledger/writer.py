@@ -1,11 +1,13 @@
 """The ledger's writer: rows leave the request path through a queue and reach the database in batches.
 
-``put`` only appends to an in-memory deque (no await, no I/O), so a request never waits on the
-database. A background task writes the queue every ``interval_s`` or as soon as ``batch_rows``
-are waiting. When a write fails (the database is down), the rows go to the spill file, and the
-writer tries the database again at most every ``retry_s``; once it answers, the spill file is
-replayed first. Inserts ignore request ids already stored, so a replay after a write whose answer
-was lost stores each row once.
+``put`` runs on the router's loop and only appends to a bounded deque (no await, no I/O, no lock:
+a deque's appends and pops are thread-safe), so a request never waits on the database. Everything
+else runs on the ledger's own thread (``db_thread.py``), whose loop owns the SQLAlchemy engine: a
+task there writes the queue every ``interval_s`` or as soon as ``batch_rows`` are waiting. When a
+write fails (the database is down), the rows go to the spill file, and the writer tries the
+database again at most every ``retry_s``; once it answers, the spill file is replayed first.
+Inserts ignore request ids already stored, so a replay after a write whose answer was lost stores
+each row once. The router reads the state and the counters as plain attributes.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
+from cluster.ledger.db_thread import LedgerThread
 from cluster.ledger.rows import LedgerRow
 from cluster.ledger.spill import SpillFile
 from cluster.ledger.store import LedgerStore
 
 log = logging.getLogger(__name__)
 State = Literal["ok", "behind", "spilling"]
+Queued = tuple[float, LedgerRow]  # (monotonic time put, row): the age /health reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,55 +37,109 @@ class WriterSettings:
     retry_s: float = 1.0
     write_timeout_s: float = 10.0  # one batch's insert, at most (``LedgerWriter._insert``)
     behind_after_s: float = 5.0  # rows waiting longer than this: /health says "behind"
+    # Rows the hand-over queue holds at most; past it a row is dropped and counted. The thread
+    # takes rows every interval and spills them while the database is away, so only a thread
+    # stuck on one batch (``write_timeout_s``) lets the queue grow: 10 s at 1,000 rows/s is 10,000.
+    queue_rows: int = 50_000
 
 
 class LedgerWriter:
-    """One router's rows on their way to the database. Single event loop: no locks but the flush's."""
+    """One router's rows on their way to the database, written by the ledger's thread."""
 
     def __init__(self, store: LedgerStore, spill: SpillFile, settings: WriterSettings | None = None) -> None:
         self.store = store
         self.spill = spill
         self.settings = settings or WriterSettings()
-        self.pending: deque[LedgerRow] = deque()
+        self.thread = LedgerThread()
         self.written = 0
         self.write_errors = 0
+        self.queue_dropped = 0  # rows refused by a full queue or put after the close
         self.last_write = time.time()
         self.migrated = False
-        self._oldest_pending: float | None = None
+        self._queue: deque[Queued] = deque()  # the router appends, the ledger's thread pops
+        self._inflight: list[Queued] = []  # the batch being inserted
         self._next_try = 0.0
-        self._wake = asyncio.Event()
+        self._closed = False
+        self._wake = asyncio.Event()  # these two bind to the thread's loop at first use
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
 
-    # ---- the request path ---------------------------------------------------------------------
+    # ---- the request path: O(1), never blocks, never raises ----------------------------------------
     def put(self, row: LedgerRow) -> None:
-        """Queue a row; never blocks, never raises."""
-        if not self.pending:
-            self._oldest_pending = time.monotonic()
-        self.pending.append(row)
-        if len(self.pending) >= self.settings.batch_rows:
-            self._wake.set()
+        """Queue a row for the ledger's thread."""
+        queue = self._queue
+        if self._closed or len(queue) >= self.settings.queue_rows:
+            self.queue_dropped += 1
+            return
+        queue.append((time.monotonic(), row))
+        if len(queue) == self.settings.batch_rows:  # a batch is waiting: wake the thread once
+            self.thread.soon(self._wake.set)
 
-    # ---- state ----------------------------------------------------------------------------------
+    # ---- state, read from any thread ------------------------------------------------------------------
     @property
     def state(self) -> State:
         if self.spill.rows > 0 or self._next_try > time.monotonic():
             return "spilling"
-        waited = time.monotonic() - self._oldest_pending if self.pending and self._oldest_pending else 0.0
+        since = self._oldest_since()
+        waited = time.monotonic() - since if since is not None else 0.0
         return "behind" if waited > self.settings.behind_after_s else "ok"
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows queued or being inserted."""
+        return len(self._queue) + len(self._inflight)
+
+    @property
+    def dropped(self) -> int:
+        """Rows lost: the spill file or the queue was full (or a row came after the close)."""
+        return self.spill.dropped + self.queue_dropped
 
     @property
     def last_write_age_s(self) -> float:
         """Seconds since the writer was last caught up (every row of this router stored)."""
         return max(0.0, time.time() - self.last_write)
 
-    # ---- the background task --------------------------------------------------------------------
+    def _oldest_since(self) -> float | None:
+        inflight = self._inflight
+        if inflight:
+            return inflight[0][0]
+        try:
+            return self._queue[0][0]
+        except IndexError:  # emptied by the thread meanwhile
+            return None
+
+    # ---- called from the router's loop ------------------------------------------------------------
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        """Start the ledger's thread and the writing task on it."""
+        self.thread.start()
+        self.thread.soon(self._start_task)
+
+    async def flush(self, force: bool = False) -> None:
+        """Have the thread write the queue now (before a report reads this router's rows)."""
+        self.thread.start()
+        await self.thread.call(lambda: self._flush(force))
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the task and write what is queued (to the spill file if the database will not take it)."""
+        """Write what is queued (to the spill file if the database will not take it), then stop
+        the thread. A writer never started still writes what was put; a second close does nothing."""
+        if self._closed and not self.thread.running:
+            return
+        self.thread.start()
+        try:
+            await self.thread.call(lambda: self._close(timeout_s))
+        finally:
+            await self.thread.stop()
+        late = len(self._queue)
+        if late:  # put in the instant between the last spill and the close: said, counted
+            self.queue_dropped += late
+            log.warning("ledger: %d rows put during the close dropped", late)
+
+    # ---- on the ledger's thread ---------------------------------------------------------------------
+    def _start_task(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _close(self, timeout_s: float) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -89,9 +147,10 @@ class LedgerWriter:
             self._task = None
         try:
             async with asyncio.timeout(timeout_s):
-                await self.flush(force=True)
+                await self._flush(force=True)
         except Exception as exc:
-            log.warning("ledger: final write failed (%s); spilling %d rows", exc, len(self.pending))
+            log.warning("ledger: final write failed (%s); spilling %d rows", exc, self.pending_rows)
+        self._closed = True  # from here ``put`` refuses: what follows is spilled or counted
         await asyncio.to_thread(self._spill_all)
         await asyncio.to_thread(self.spill.close)
         await self.store.close()
@@ -102,21 +161,20 @@ class LedgerWriter:
                 await asyncio.wait_for(self._wake.wait(), self.settings.interval_s)
             self._wake.clear()
             try:
-                await self.flush()
+                await self._flush()
             except Exception as exc:  # never let the task die: the next tick tries again
                 log.warning("ledger: flush failed: %s", exc)
 
-    async def flush(self, force: bool = False) -> None:
+    async def _flush(self, force: bool = False) -> None:
         """Write every queued row (and replay the spill file) if the database answers; else spill.
         ``force``: try the database now even inside the retry back-off."""
         async with self._flush_lock:
             if not force and time.monotonic() < self._next_try:
-                if len(self.pending) >= self.settings.batch_rows:  # keep memory small while down
+                if len(self._queue) >= self.settings.batch_rows:  # keep memory small while down
                     await asyncio.to_thread(self._spill_all)
                 return
             try:
                 await self._write_all()
-                self._oldest_pending = None
                 self._next_try = 0.0
                 self.last_write = time.time()  # caught up: nothing of this router waits
             except Exception as exc:
@@ -132,14 +190,18 @@ class LedgerWriter:
                 await self.store.migrate()
             self.migrated = True
         await self._replay()
-        while self.pending:
-            size = min(len(self.pending), 4 * self.settings.batch_rows)
-            batch = [self.pending.popleft() for _ in range(size)]
+        queue = self._queue
+        while queue:
+            size = min(len(queue), 4 * self.settings.batch_rows)
+            batch = [queue.popleft() for _ in range(size)]
+            self._inflight = batch
             try:
-                await self._insert(batch)
+                await self._insert([row for _, row in batch])
             except BaseException:  # a timeout's cancel too: the rows go back, in order, to be spilled
-                self.pending.extendleft(reversed(batch))
+                queue.extendleft(reversed(batch))
                 raise
+            finally:
+                self._inflight = []
             self._wrote(len(batch))
 
     def _wrote(self, rows: int) -> None:
@@ -147,9 +209,8 @@ class LedgerWriter:
         self.last_write = time.time()
 
     def _spill_all(self) -> None:
-        rows = list(self.pending)
-        self.pending.clear()
-        self._oldest_pending = None
+        queue = self._queue
+        rows = [queue.popleft()[1] for _ in range(len(queue))]
         if rows:
             self.spill.append(rows)
 

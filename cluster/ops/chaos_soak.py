@@ -192,7 +192,6 @@ async def holdings(client: httpx.AsyncClient, target: Target) -> dict:
         "in_flight": s["in_flight"],
         "queued": s["queued"],
         "waiters": s.get("waiters", 0),
-        "tracked_ids": s.get("tracked_ids", 0),
         "leases": sum(s.get("active_leases", {}).values()),
         # Each replica's own report (cluster/serving/replica_board.py), not the router's poll of one.
         "kv_blocks_used": sum(v.get("kv_blocks_used", 0) for v in s.get("replica_loads", {}).values()),

@@ -17,6 +17,7 @@ from ray import serve
 from cluster.app import compose, serve_logging
 from cluster.config import AppConfig
 from cluster.drain import drain
+from cluster.ops.direct_ingress import direct_ingress_env
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +32,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ray_env(proxy_grpc: bool | None = True) -> None:
+def ray_env(proxy_grpc: bool | None = True, direct_ingress: bool | None = None) -> None:
     """The environment a Ray started from this process hands to every process it starts.
 
     Workers must import ``cluster`` from this checkout. ``proxy_grpc``: Serve's HTTP proxy reaches
-    the routers over gRPC (RAY_SERVE_PROXY_USE_GRPC); None leaves the variable as it is.
+    the routers over gRPC (RAY_SERVE_PROXY_USE_GRPC); ``direct_ingress``: each router serves HTTP on
+    a port of its own (``cluster/ops/direct_ingress.py``). None leaves a variable as it is.
     """
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
     if proxy_grpc is not None:
         os.environ["RAY_SERVE_PROXY_USE_GRPC"] = "1" if proxy_grpc else "0"
+    if direct_ingress is not None:
+        os.environ.update(direct_ingress_env(direct_ingress))
 
 
-def start_ray(address: str | None, num_cpus: int | None = None, proxy_grpc: bool = True) -> None:
-    """Join ``address`` or start a local Ray. A joined cluster keeps its own proxy setting (the
-    chart sets RAY_SERVE_PROXY_USE_GRPC in the pods' env)."""
-    ray_env(proxy_grpc if address is None else None)
+def start_ray(
+    address: str | None, num_cpus: int | None = None, proxy_grpc: bool = True, direct_ingress: bool = False
+) -> None:
+    """Join ``address`` or start a local Ray. A joined cluster keeps its own proxy and direct-ingress
+    settings (the chart sets RAY_SERVE_PROXY_USE_GRPC and RAY_SERVE_ENABLE_DIRECT_INGRESS in the
+    pods' env)."""
+    if address is None:
+        ray_env(proxy_grpc, direct_ingress)
+    else:
+        ray_env(None, None)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
     if address is None:
         kwargs["num_cpus"] = num_cpus or max(4, os.cpu_count() or 1)
@@ -82,7 +92,9 @@ def local_cluster(
     ``on_ray_up`` runs after ``ray.init`` and before Serve opens its port: the one moment a caller
     can put its own signal handlers in place of Ray's before any request can arrive.
     """
-    start_ray(address, proxy_grpc=config.proxy_grpc)
+    was_up = ray.is_initialized()
+    start_ray(address, proxy_grpc=config.proxy_grpc, direct_ingress=config.direct_ingress)
+    owns_ray = not was_up and started_head_node()
     try:
         if on_ray_up is not None:
             on_ray_up()
@@ -92,5 +104,31 @@ def local_cluster(
         drained = drain(APP_NAME, config.num_routers, config.drain_timeout_s)
         log.info("drain %s", "complete" if drained else f"cut short after {config.drain_timeout_s:.0f}s")
     finally:
+        stop_serve_and_ray(owns_ray)
+
+
+def started_head_node() -> bool:
+    """Whether this process's ``ray.init`` started its Ray (rather than joining one: ``--address``,
+    RAY_ADDRESS or a ``ray start`` cluster). Ray has no public flag for it; without the private one
+    the answer is False, which keeps the joined-cluster shutdown."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    return bool(node is not None and getattr(node, "is_head", lambda: False)())
+
+
+def redeploy(config: AppConfig) -> str:
+    """The app again under its name with ``config`` (Serve is up): Serve replaces its routers and
+    replicas and returns once the new ones run. Cheaper than a second Ray and Serve start."""
+    serve.run(compose(config), name=APP_NAME, route_prefix="/")
+    return f"http://{config.host}:{config.port}"
+
+
+def stop_serve_and_ray(owns_ray: bool) -> None:
+    """Serve, then this driver's Ray. A Ray this process started is ended whole by ``ray.shutdown``
+    (Serve's controller, proxy and replicas with it), so Serve is not stopped first: its
+    ``serve.shutdown`` asks the controller to kill itself from inside a task Ray retries forever,
+    and Ray reports that death to the driver as a line of noise ("Task
+    ServeController.graceful_shutdown failed ... killed by `ray.kill`"). A joined cluster outlives
+    us: Serve is shut down there as before."""
+    if not owns_ray:
         serve.shutdown()
-        ray.shutdown()
+    ray.shutdown()

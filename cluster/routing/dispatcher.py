@@ -9,6 +9,16 @@ output length, far above a quiet tenant's TTFT target).
 
 Dispatch is event-driven: ``_kick`` pops while there is room, on every push, end and capacity
 change. It is synchronous, so a pop and the hand-over of its slot happen in one event-loop step.
+A tenant at its cap is skipped by the queue itself (``pop_next(eligible=...)``), which charges the
+request it picks instead as any pop. Under ``fcfs`` (arrival order) no room is reserved.
+
+A slot's ``release(output_tokens, cached_tokens)`` settles the request in the queue: the pop charged
+its reservation (prompt + 2 × max_tokens), the end refunds what it did not use.
+
+A replica that Serve stops (scale-down, rolling update) leaves the running set while its requests
+finish: the room is then that of the replicas that stay, so those requests stop counting against
+it (``set_live``; each slot learns its replica from the first output, ``placed_on``). Otherwise a
+drain of long streams would hold the survivors' room and new requests would time out waiting.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from cluster.errors import ServiceUnavailable
-from tenancy import FairQueue, QueuedRequest
+from tenancy import FairQueue, QueuedRequest, QueueFull
 
 
 @dataclass(slots=True)
@@ -29,11 +39,21 @@ class DispatchSlot:
     request: QueuedRequest
     _owner: Dispatcher = field(repr=False)
     released: bool = False
+    replica_id: str = ""
+    detached: bool = False  # its replica is stopping: it no longer takes room of the running ones
 
-    def release(self) -> None:
+    def placed_on(self, replica_id: str | None) -> None:
+        """The replica the request runs on (its outputs say so); cheap when unchanged."""
+        if replica_id and replica_id != self.replica_id and not self.released:
+            self._owner._slot_placed(self, replica_id)
+
+    def release(self, output_tokens: int = 0, cached_tokens: int = 0) -> None:
+        """End the request's turn: free the slot and settle its charge with what it produced and
+        how many prompt tokens the replica's prefix cache served."""
         if not self.released:
             self.released = True
-            self._owner._slot_ended(self.request.tenant_id)
+            self._owner._placed.pop(self.request.request_id, None)
+            self._owner._slot_ended(self.request, output_tokens, cached_tokens, holds_room=not self.detached)
 
 
 class Dispatcher:
@@ -54,9 +74,8 @@ class Dispatcher:
         self._timeout = queue_timeout_s
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self._by_tenant: Counter[str] = Counter()
-        # Waiting request ids per tenant, oldest first (dicts keep insertion order); an id leaves when
-        # its wait ends, however it ends, so the structure holds only what waits.
-        self._waiting: dict[str, dict[str, None]] = {}
+        self._live: frozenset[str] | None = None  # replica ids Serve routes to; None: not known
+        self._placed: dict[str, DispatchSlot] = {}  # request id -> its slot, once its replica is known
         self.in_flight = 0
 
     @property
@@ -74,12 +93,42 @@ class Dispatcher:
     def reserved(self) -> int:
         """Slots one tenant cannot take: a quarter of the room, at least one when the room allows."""
         cap = self.capacity
-        return 0 if cap <= 1 else max(1, cap // 4)
+        if cap <= 1 or self._queue.order == "fcfs":
+            return 0
+        return max(1, cap // 4)
 
     def set_replicas(self, replicas: int) -> None:
         if replicas != self._replicas:
             self._replicas = replicas
             self._kick()
+
+    def set_live(self, replica_ids: frozenset[str]) -> None:
+        """The replicas Serve routes to now: slots on any other replica stop taking room."""
+        if replica_ids == self._live:
+            return
+        self._live = replica_ids
+        changed = [self._hold_room_if_live(slot) for slot in list(self._placed.values())]
+        if any(changed):
+            self._kick()
+
+    def _slot_placed(self, slot: DispatchSlot, replica_id: str) -> None:
+        slot.replica_id = replica_id
+        self._placed[slot.request.request_id] = slot
+        if self._hold_room_if_live(slot):  # the usual first output changes nothing: no pop round
+            self._kick()
+
+    def _hold_room_if_live(self, slot: DispatchSlot) -> bool:
+        """A slot holds room while its replica runs (or before the running set is known). A retry
+        that moves a request from a stopping replica to a running one takes room again. True: the
+        slot's hold changed."""
+        holds = self._live is None or slot.replica_id in self._live
+        if holds == (not slot.detached):
+            return False
+        slot.detached = not holds
+        step = 1 if holds else -1
+        self.in_flight += step
+        self._by_tenant[slot.request.tenant_id] += step
+        return True
 
     def replace_queue(self, queue: FairQueue) -> None:
         """Move to ``queue`` (a reloaded config): fair-share counters carry over for the tenants that
@@ -97,7 +146,7 @@ class Dispatcher:
                 moved = queue.make_request(
                     item.request_id, item.tenant_id, item.prompt_tokens, item.max_tokens, item.arrival
                 )
-                queue.push(moved, lift=False)
+                self._refuse(queue.push(moved, lift=False))
             except Exception as exc:
                 future.set_exception(exc)
         self._kick()
@@ -107,11 +156,6 @@ class Dispatcher:
         """Requests waiting for a slot (a leak check: zero when nothing waits)."""
         return len(self._waiters)
 
-    @property
-    def tracked_ids(self) -> int:
-        """Request ids the uncapped path can see (a leak check: only those waiting)."""
-        return sum(len(ids) for ids in self._waiting.values())
-
     def in_flight_of(self, tenant_id: str) -> int:
         return self._by_tenant[tenant_id]
 
@@ -120,8 +164,7 @@ class Dispatcher:
 
         Cancellation (client gone) removes it from the queue, or gives back a slot granted meanwhile.
         """
-        self._queue.push(request)
-        self._waiting.setdefault(request.tenant_id, {})[request.request_id] = None
+        self._refuse(self._queue.push(request))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = future
         self._kick()
@@ -134,65 +177,49 @@ class Dispatcher:
                 raise ServiceUnavailable("timed out waiting for a replica", code="queue_timeout") from None
         except asyncio.CancelledError:
             if _granted(future):
-                self._slot_ended(request.tenant_id)
+                self._slot_ended(request)
             else:
                 self._queue.remove(request.request_id)
             raise
         finally:
             self._waiters.pop(request.request_id, None)
-            self._forget(request)
         future.result()  # re-raises an error set by replace_queue
         return DispatchSlot(request, self)
 
-    def _forget(self, request: QueuedRequest) -> None:
-        ids = self._waiting.get(request.tenant_id)
-        if ids is not None:
-            ids.pop(request.request_id, None)
-            if not ids:
-                del self._waiting[request.tenant_id]
+    def _refuse(self, evicted: QueuedRequest | None) -> None:
+        """A request pushed out of a full queue by a tenant with fewer waiting: it gets the 429."""
+        if evicted is None:
+            return
+        future = self._waiters.get(evicted.request_id)
+        if future is not None and not future.done():
+            future.set_exception(QueueFull(evicted.tenant_id, "total", len(self._queue)))
 
-    def _slot_ended(self, tenant_id: str) -> None:
-        self.in_flight -= 1
-        self._by_tenant[tenant_id] -= 1
+    def _slot_ended(
+        self, request: QueuedRequest, output_tokens: int = 0, cached_tokens: int = 0, holds_room: bool = True
+    ) -> None:
+        if holds_room:
+            self.in_flight -= 1
+            self._by_tenant[request.tenant_id] -= 1
+        self._queue.settle(request, output_tokens, cached_tokens)
         self._kick()
 
     def _kick(self) -> None:
+        now = self._queue.now()  # one clock read per round of pops
         while self.in_flight < self.capacity:
-            head = self._queue.peek_next()
-            if head is None:
-                return
-            popped = self._queue.pop_next() if not self._capped(head.tenant_id) else self._pop_uncapped()
+            popped = self._queue.pop_next(now=now, eligible=self._below_cap)
             if popped is None:
                 return
             future = self._waiters.get(popped.request_id)
             if future is None or future.done():
-                continue  # its waiter is gone; nothing to hand the slot to
+                self._queue.settle(popped, 0)  # its waiter is gone; nothing ran
+                continue
             self.in_flight += 1
             self._by_tenant[popped.tenant_id] += 1
             future.set_result(None)
 
-    def _capped(self, tenant_id: str) -> bool:
-        return self._by_tenant[tenant_id] >= self.capacity - self.reserved
-
-    def _pop_uncapped(self) -> QueuedRequest | None:
-        """The fair choice is at its cap and cannot use the free slot: give it to the uncapped tenant
-        with the smallest counter instead (work-conserving; the capped tenant loses nothing it could use).
-
-        ``FairQueue`` pops only its own choice, so this removes the request by id and charges its
-        prompt the way ``pop_next`` would (prompt / weight, expressed as output tokens at ×2).
-        """
-        best: tuple[float, str] | None = None
-        for tenant_id, ids in self._waiting.items():
-            if not self._capped(tenant_id) and any(rid in self._queue for rid in ids):
-                key = (self._queue.counter(tenant_id), tenant_id)
-                best = key if best is None or key < best else best
-        if best is None:
-            return None
-        oldest = next(rid for rid in self._waiting[best[1]] if rid in self._queue)
-        request = self._queue.remove(oldest)
-        if request is not None:
-            self._queue.charge(request.tenant_id, math.ceil(request.prompt_tokens / 2))
-        return request
+    def _below_cap(self, tenant_id: str) -> bool:
+        """A tenant may take a free slot while it holds fewer than ``capacity - reserved``."""
+        return self._by_tenant[tenant_id] < self.capacity - self.reserved
 
 
 def _granted(future: asyncio.Future[None]) -> bool:

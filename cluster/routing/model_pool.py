@@ -94,7 +94,7 @@ class ModelPool:
         self.tenancy = tenancy.for_model(model.name)
         self.quotas = QuotaManager(self.tenancy, self.store)
         self.dispatcher = Dispatcher(
-            FairQueue.from_config(self.tenancy),
+            FairQueue.from_config(self.tenancy, order=config.dispatch_policy),
             model.replica_room,
             config.num_routers,
             replicas=model.min_replicas,
@@ -121,13 +121,19 @@ class ModelPool:
         """Enforce ``tenancy`` on this model from now on; the fair-share counters carry over."""
         view = tenancy.for_model(self.name)
         self.quotas = QuotaManager(view, self.store)
-        self.dispatcher.replace_queue(FairQueue.from_config(view))
+        self.dispatcher.replace_queue(FairQueue.from_config(view, order=self.dispatcher.queue.order))
         self.runner.quotas = self.quotas
         self.tenancy = view
 
     async def share_counters(self) -> None:
         if self.shared_counters is not None:
             await self.shared_counters.sync(self.dispatcher.queue)
+
+    async def warm_store(self) -> None:
+        """Before the router serves: reach Redis once and load its scripts, so the first burst of
+        requests does not pay for them inside its deadline (unreachable: the store starts degraded)."""
+        if hasattr(self.store, "probe"):
+            await self.store.probe()
 
     async def probe_store(self) -> None:
         """Reconnect to Redis from the monitor loop too, so an idle router leaves degraded mode."""

@@ -18,6 +18,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.routing.dispatcher import Dispatcher
+from cluster.routing.live_replicas import live_replicas
 from cluster.telemetry.metrics import ClusterMetrics
 from cluster.telemetry.request_timing import TimingRecorder
 
@@ -67,6 +68,9 @@ class ReplicaMonitor:
             self.replicas = count
             self._dispatcher.set_replicas(count)
             self._metrics.replicas.labels(self.model).set(count)
+        live = live_replicas(self._handle.app_name, self._handle.deployment_name)
+        if live:  # empty: every replica is stopping; their requests keep the room until they end
+            self._dispatcher.set_live(live)
         if self.replicas > 0:
             await self._poll_load(profile)
         d = self._dispatcher

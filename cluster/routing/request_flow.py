@@ -21,6 +21,7 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnavailable
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
+from cluster.routing.stream_receiver import ChannelStream, StreamReceiver
 from cluster.serving.wire import GenerateArgs
 from cluster.telemetry.inter_token import InterTokenGaps
 from cluster.telemetry.metrics import ClusterMetrics
@@ -92,10 +93,18 @@ class RequestRunner:
         # grpc: the streams travel over Serve's inter-deployment gRPC channel instead of Ray actor
         # calls (``_by_reference=False``), which costs the router and the replica less CPU per item.
         self._replicas = replicas.options(stream=True, _by_reference=not grpc)
+        self._calls = replicas.options(stream=False, _by_reference=not grpc)
+        # With a channel (``attach_channel``), outputs come back on the router's stream channel,
+        # one frame per replica per flush for all streams, instead of one Serve item per output.
+        self.channel: StreamReceiver | None = None
+        self.flush_s = 0.02
         self.metrics = metrics
         self.recorder = recorder
         self.timeouts = timeouts
         self._items_per_s = stream_items_per_s
+
+    def attach_channel(self, channel: StreamReceiver, flush_s: float) -> None:
+        self.channel, self.flush_s = channel, flush_s
 
     async def open(self, job: Job, key_id: str = "") -> ActiveRequest:
         """Admit, wait for a fair turn, dispatch and wait for the first output. ``key_id``: the
@@ -119,13 +128,47 @@ class RequestRunner:
             queued = self.dispatcher.queue.make_request(
                 job.request_id, job.tenant.id, len(job.prompt_ids), job.max_tokens, timing.arrival
             )
+            active.priority = queued.tier
             active.slot = await self.dispatcher.wait_turn(queued)
+            await asyncio.sleep(0)  # a granted slot does not suspend: dispatch in a step of its own
             timing.dispatched = time.monotonic()
             await self._first_output(active)
         except BaseException as exc:
             await active.close(*_outcome(exc))
             raise
         return active
+
+    def _dispatch(self, engine_id: str, job: Job, coalesce_s: float, priority: int):
+        """Send the request to a replica (Serve picks it); its stream of outputs. ``priority``: its
+        tier in the fair queue, which the engine schedules by."""
+        if self.channel is None:
+            args = GenerateArgs(
+                engine_id,
+                job.prompt_ids,
+                job.sampling,
+                coalesce_s,
+                tenant=job.tenant.id,
+                cache_group=job.tenant.cache_group,
+                cache_salt=job.cache_salt,
+                priority=priority,
+            )
+            return self._replicas.generate.remote(args)
+        # On the channel every output waits at most one flush: the frame is shared by all streams,
+        # so spacing one stream's outputs further saves nothing.
+        args = GenerateArgs(
+            engine_id,
+            job.prompt_ids,
+            job.sampling,
+            0.0,
+            tenant=job.tenant.id,
+            cache_group=job.tenant.cache_group,
+            cache_salt=job.cache_salt,
+            priority=priority,
+            reply_to=self.channel.address,
+            channel_key=self.channel.key,
+            flush_s=self.flush_s,
+        )
+        return self.channel.open(engine_id, self._calls.generate_channel.remote(args))
 
     async def _first_output(self, active: ActiveRequest) -> None:
         """Open the replica stream and read its first output, re-dispatching after a replica failure.
@@ -138,17 +181,7 @@ class RequestRunner:
         coalesce_s = stream_interval(job.coalesce_s, self.dispatcher.in_flight, self._items_per_s)
         for attempt in range(self.timeouts.first_token_retries + 1):
             engine_id = job.request_id if attempt == 0 else f"{job.request_id}-r{attempt}"
-            active.stream = self._replicas.generate.remote(
-                GenerateArgs(
-                    engine_id,
-                    job.prompt_ids,
-                    job.sampling,
-                    coalesce_s,
-                    tenant=job.tenant.id,
-                    cache_group=job.tenant.cache_group,
-                    cache_salt=job.cache_salt,
-                )
-            )
+            active.stream = self._dispatch(engine_id, job, coalesce_s, active.priority)
             try:
                 active.first = await active.next_item(self.timeouts.first_token_s)
                 return
@@ -171,6 +204,7 @@ class ActiveRequest:
         self.timing = timing
         self.lease: Lease | None = None
         self.slot: DispatchSlot | None = None
+        self.priority = 0  # its tier in the fair queue (the dispatch policy's), sent to the engine
         self.stream = None
         self.first: dict[str, Any] | None = None
         self.retries = 0
@@ -202,7 +236,10 @@ class ActiveRequest:
     async def next_item(self, timeout_s: float) -> dict[str, Any]:
         """The next replica output; errors in the stream become typed exceptions."""
         try:
-            item = await asyncio.wait_for(self.stream.__anext__(), timeout_s)
+            if isinstance(self.stream, ChannelStream):  # its own timeout: no task per output
+                item = await self.stream.next(timeout_s)
+            else:
+                item = await asyncio.wait_for(self.stream.__anext__(), timeout_s)
         except TimeoutError:
             raise ServiceUnavailable("the replica did not answer in time", code="replica_timeout") from None
         except StopAsyncIteration:
@@ -229,11 +266,12 @@ class ActiveRequest:
         if t.first_token is None and item["token_ids"]:
             t.first_token = time.monotonic()
         t.replica_id = item.get("replica_id", t.replica_id)
+        if self.slot is not None:
+            self.slot.placed_on(t.replica_id)
         t.cached_tokens = item.get("num_cached_tokens", t.cached_tokens)
         if new > 0:
             self.gaps.add(time.monotonic(), new)
             t.output_tokens = item["total_output_tokens"]
-            self._runner.dispatcher.queue.charge(self.job.tenant.id, new)
             self._runner.metrics.observe_tokens(t.tenant_id, t.sla_class, new)
         if item["done"]:
             self._finished = True
@@ -246,8 +284,8 @@ class ActiveRequest:
         t = self.timing
         if self.stream is not None and not self._finished:
             self.stream.cancel()  # Serve cancels the replica generator → the engine aborts the request
-        if self.slot is not None:
-            self.slot.release()
+        if self.slot is not None:  # settles the fair-share charge with what the request used
+            self.slot.release(t.output_tokens, t.cached_tokens)
         # Record before the one await below: a handler cancelled again while it awaits must not
         # lose the record (the ending would then be counted nowhere).
         t.end = time.monotonic()

@@ -3,7 +3,9 @@
 An engine that ends a request with "abort" (it is stopping) yields an ``aborted`` error item: the
 router retries it elsewhere before the first token and reports a failure after it.
 
-Every generation is a streaming method (``handle.options(stream=True).generate.remote(...)``) that
+A router with a stream channel (the default, ``stream_channel``) calls ``generate_channel``: one unary
+call per request, its outputs on the channel shared by all of that router's streams. Otherwise every
+generation is a streaming method (``handle.options(stream=True).generate.remote(...)``) that
 yields plain dicts, so nothing engine-specific has to be pickled across the handle. Invalid input
 is yielded as an ``{"error": ...}`` item instead of raised, because exceptions crossing a Ray
 boundary are wrapped and lose their type. When the caller cancels the stream (client gone), Serve
@@ -22,12 +24,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from cluster.serving import replica_board
+from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.wire import GenerateArgs, error_item, merge_items, output_item
 from cluster.telemetry.process_memory import rss_bytes
 from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
 from replica import EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
+
+SUMMARY_EVERY_S = 0.5  # the routers' stats period (cluster.app.ROUTING_STATS_PERIOD_S)
 
 
 class ReplicaServer:
@@ -51,9 +56,11 @@ class ReplicaServer:
         self._replica_id = _replica_id()
         self._model = model
         self._started = time.monotonic()
-        self._waiting_tokens = 0  # prompt + max tokens of requests not yet producing; for routing
         self._generation = generation
+        self._summary: dict[str, Any] | None = None
+        self._summary_at: float | None = None
         self._publisher: asyncio.Task | None = None
+        self._channels = ChannelSet()
         if generation is not None:
             self._publisher = asyncio.get_running_loop().create_task(self._publish(generation))
 
@@ -64,12 +71,14 @@ class ReplicaServer:
         except (InvalidRequestError, TypeError) as exc:
             yield error_item("invalid_request", str(exc))
             return
-        pending = len(args.prompt_ids) + params.max_tokens * params.n
-        self._waiting_tokens += pending
         started = False
         try:
             stream = self._engine.generate(
-                args.prompt_ids, params, request_id=args.request_id, cache_scope=args.cache_scope()
+                args.prompt_ids,
+                params,
+                request_id=args.request_id,
+                cache_scope=args.cache_scope(),
+                priority=args.priority,
             )
             held: dict[int, dict[str, Any]] = {}  # per choice, outputs not sent yet
             counts = [0] * params.n
@@ -87,9 +96,7 @@ class ReplicaServer:
                 held[out.index] = merge_items(held[out.index], item) if out.index in held else item
                 now = time.monotonic()
                 if not started or out.finished or now - last_yield >= args.coalesce_s:
-                    if not started:
-                        started = True
-                        self._waiting_tokens -= pending
+                    started = True
                     for ready in _in_order(held, item):
                         yield ready
                     held, last_yield = {}, now
@@ -97,9 +104,12 @@ class ReplicaServer:
             yield error_item("invalid_request", str(exc))
         except EngineError as exc:
             yield error_item("engine_error", str(exc))
-        finally:
-            if not started:
-                self._waiting_tokens -= pending
+
+    async def generate_channel(self, args: GenerateArgs) -> dict[str, Any]:
+        """One request whose outputs travel on the stream channel to ``args.reply_to`` (one frame per
+        flush for all of that router's streams); answers when the last output is written, or with the
+        request's error item. Cancelled (client gone): the engine request is aborted."""
+        return await self._channels.forward(args, self.generate(args))
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
@@ -112,7 +122,7 @@ class ReplicaServer:
             "model": self._model,
             "running": s.running,
             "waiting": s.waiting,
-            "waiting_tokens": self._waiting_tokens,
+            "waiting_tokens": self._engine.waiting_tokens,  # uncached prompt + answer budget
             "kv_blocks_total": s.kv_blocks_total,
             "kv_blocks_used": s.kv_blocks_used,
             "kv_blocks_free": s.kv_blocks_free,
@@ -126,9 +136,24 @@ class ReplicaServer:
         }
 
     def record_routing_stats(self) -> dict[str, Any]:
-        """Read by ``cluster.routing.kv_router.KVAwareRouter`` to prefer free KV and few queued tokens."""
+        """Read by ``cluster.routing.kv_router.KVAwareRouter``: free KV, queued tokens, and a summary of
+        the prefix cache (``replica/cache_summary.py``) for the prefix-aware choice. ``reported_at``
+        lets a router tell which of the requests it sent this report already counts."""
         load = self.load()
-        return {k: load[k] for k in ("kv_blocks_free", "waiting", "waiting_tokens", "running")}
+        stats = {k: load[k] for k in ("kv_blocks_free", "waiting", "waiting_tokens", "running")}
+        stats["reported_at"] = time.time()
+        stats["prefix_summary"] = self._prefix_summary()
+        return stats
+
+    def _prefix_summary(self) -> dict[str, Any] | None:
+        """The cache summary, rebuilt at most every SUMMARY_EVERY_S however many routers poll (an 8B
+        replica's takes ~15 ms to build)."""
+        now = time.monotonic()
+        if self._summary_at is None or now - self._summary_at >= SUMMARY_EVERY_S:
+            summary = self._engine.cache_summary()
+            self._summary = None if summary is None else summary.as_dict()
+            self._summary_at = now
+        return self._summary
 
     def profile(self) -> dict[str, Any]:
         """The engine's step-time breakdown, plus this replica's id."""
@@ -158,6 +183,7 @@ class ReplicaServer:
 
     async def __del__(self) -> None:
         # Serve awaits an async destructor on shutdown: stop the engine thread cleanly.
+        await self._channels.close()
         if self._publisher is not None:
             self._publisher.cancel()
             with contextlib.suppress(Exception):

@@ -24,6 +24,14 @@ class GenerateArgs:
     tenant: str | None = None
     cache_group: str | None = None
     cache_salt: str | None = None
+    # The request's SLA tier under the router's dispatch policy (0 first): the engine admits waiting
+    # requests by it and preempts lower tiers' work to start a higher tier's prefill.
+    priority: int = 0
+    # The stream channel (``stream_channel.py``): the router's address and key, and its flush
+    # interval. None: the outputs stream back over the Serve call itself (``ReplicaServer.generate``).
+    reply_to: str | None = None
+    channel_key: str | None = None
+    flush_s: float = 0.02
 
     def cache_scope(self) -> str:
         """The engine's opaque cache scope. Groups and tenants are tagged apart, so a tenant named

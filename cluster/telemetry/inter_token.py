@@ -1,7 +1,8 @@
 """Inter-token latency of one stream: the gaps between its output items, per token.
 
-The replica batches tokens into items (``stream_interval_s``), so an item of k tokens after a gap g
-counts as k gaps of g / k: what a reader of the stream sees per token on average within the item.
+Outputs carry several tokens (a stream channel flush, at most 20 ms; or a Serve stream's
+``stream_interval_s`` with ``stream_channel`` off), so an output of k tokens after a gap g counts as
+k gaps of g / k: what a reader of the stream sees per token on average within the output.
 """
 
 from __future__ import annotations

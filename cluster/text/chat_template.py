@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+import jinja2.meta
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -54,6 +55,12 @@ def compile_template(source: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+@lru_cache(maxsize=16)
+def reads_variable(source: str, name: str) -> bool:
+    """Whether the template reads the variable ``name`` (``tools``: it renders tool definitions)."""
+    return name in jinja2.meta.find_undeclared_variables(compile_template(source).environment.parse(source))
 
 
 def render_chat(

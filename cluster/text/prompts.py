@@ -13,10 +13,13 @@ import subprocess
 import sys
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from cluster.errors import BadRequest
 from cluster.text.chat_template import TemplateRefused
 from cluster.text.tokenizer import RouterTokenizer
+from cluster.text.tool_parsers import Family
+from cluster.text.tool_prompt import parser_family, template_inputs
 from cluster.text.word_tokenizer import word_router_tokenizer
 from replica.embedded_model import cache_root
 from replica.errors import UnknownModelError
@@ -119,15 +122,26 @@ class PromptEncoder:
             ids = list(prompt)
         return self._checked(ids, "prompt")
 
-    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        family: Family = "hermes",
+    ) -> list[int]:
+        """The chat prompt's ids; ``tools`` go through the template, or its fallback (tool_prompt.py)."""
         if self._tok is None or not self._tok.chat_template:
             raise BadRequest("this model has no chat template: use /v1/completions", param="messages")
         try:
-            text = self._tok.render_chat(messages, add_generation_prompt=True)
+            messages, extra = template_inputs(self._tok.chat_template, messages, tools, family)
+            text = self._tok.render_chat(messages, add_generation_prompt=True, **extra)
         except TemplateRefused as exc:
             refused = f"the model's chat template refused these messages: {exc}"
             raise BadRequest(refused, param="messages") from exc
         return self._checked(self._tok.encode(text, add_special_tokens=False), "messages")
+
+    def tool_family(self, configured: str) -> Family:
+        """The parser family of this model's tool calls: the configured one, else its template's."""
+        return parser_family(self._tok.chat_template if self._tok is not None else None, configured)
 
     def _checked(self, ids: list[int], param: str) -> list[int]:
         if not ids:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -9,6 +10,25 @@ from rich.table import Table
 
 from loadtest.sim.runner import find_scenario, run_simulation
 from loadtest.sim.spec import AutoscalingSpec, SimSpec
+
+
+@dataclass(frozen=True, slots=True)
+class RouterOptions:
+    """Several routers: how many, their counter exchange period (None: the cluster's), which one a
+    request reaches (``loadtest/sim/multi_router.py``)."""
+
+    routers: int = 1
+    counter_sync_s: float | None = None
+    router_choice: str = "power_of_two"
+    share_lifts: bool = False
+
+    def cluster_fields(self) -> dict:
+        fields = {
+            "routers": self.routers,
+            "router_choice": self.router_choice,
+            "share_lifts": self.share_lifts,
+        }
+        return fields if self.counter_sync_s is None else fields | {"counter_sync_s": self.counter_sync_s}
 
 
 def build_spec(
@@ -21,6 +41,7 @@ def build_spec(
     autoscale_max: int | None,
     write_records: bool,
     seed: int | None,
+    routers: RouterOptions = RouterOptions(),
 ) -> SimSpec:
     autoscaling = None
     if autoscale_max is not None:
@@ -28,7 +49,8 @@ def build_spec(
     return SimSpec.model_validate(
         {
             "scale": {"tenants": tenants, "requests": requests, "load_factor": load_factor, "seed": seed},
-            "cluster": {"replicas": replicas, "step_model": step_model, "autoscaling": autoscaling},
+            "cluster": {"replicas": replicas, "step_model": step_model, "autoscaling": autoscaling}
+            | routers.cluster_fields(),
             "policies": tuple(p.strip() for p in policies.split(",") if p.strip()),
             "write_records": write_records,
         }
@@ -45,15 +67,17 @@ def run_cli(scenario: str, spec: SimSpec, out: Path, console: Console) -> dict:
 def comparison_table(report: dict) -> Table:
     table = Table(
         title=f"{report['scenario']}: {report['requests']} requests, {report['tenants']} tenants, "
-        f"{report['spec']['cluster']['replicas']} replicas ({report['simulated_s']:.0f} s simulated)"
+        f"{report['spec']['cluster']['replicas']} replicas{_routers(report['spec']['cluster'])}"
+        f" ({report['simulated_s']:.0f} s simulated)"
     )
     cols = (
         "policy",
         "ok req/s",
         "interactive TTFT att.",
+        "within share",
         "batch att.",
         "max gap (w-tokens)",
-        "Jain",
+        "Jain (mean / min)",
         "$ / success",
         "wall s",
     )
@@ -65,13 +89,19 @@ def comparison_table(report: dict) -> Table:
             name,
             f"{s['throughput_rps']:.1f}",
             _pct(cls.get("interactive", {}).get("ttft_attainment")),
+            _pct(cls.get("interactive", {}).get("ttft_attainment_within_share")),
             _pct(cls.get("batch", {}).get("attainment")),
             _num(s["fairness"]["max_service_gap"]),
-            _num(s["fairness"]["jain"], ".3f"),
+            f"{_num(s['fairness']['jain'], '.3f')} / {_num(s['fairness'].get('jain_min'), '.3f')}",
             f"{s['dollars_per_success']:.6f}",
             f"{s['wall_s']:.1f}",
         )
     return table
+
+
+def _routers(cluster: dict) -> str:
+    n = cluster.get("routers", 1)
+    return "" if n == 1 else f", {n} routers (counters synced every {cluster['counter_sync_s']:g} s)"
 
 
 def _pct(x: float | None) -> str:

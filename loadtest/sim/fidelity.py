@@ -32,7 +32,7 @@ from loadtest.sim.step_model import StepModel, load_step_model
 from tenancy import TenancyConfig, default_tenancy_config, load_tenancy_config
 
 # What the cluster runs: quotas, the tiered fair queue, reserved room, Serve's replica ranking.
-CLUSTER_POLICY = PolicySpec(name="cluster", quotas=True, queue="fair_sla")
+CLUSTER_POLICY = PolicySpec(name="cluster", quotas=True, dispatch="fairlane")
 TOLERANCE = 0.15
 STEPS_FILE = "steps.jsonl"  # loadtest.sim.cluster_profile writes it into the run folder
 

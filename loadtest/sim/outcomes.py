@@ -42,6 +42,10 @@ class ServiceSampler:
     """Cumulative weighted service (input + 2 × output tokens) and backlog per tenant, sampled.
 
     Service is counted where the queue charges it: prompt at dispatch, output at completion.
+    ``backlogged[j][k]``: tenant ``k`` had a request waiting at every instant from sample ``j − 1``
+    to sample ``j`` (its queue never emptied in between). A tenant that empties between two samples
+    is lifted when it returns (no banked credit), so a sample-instant test would count it as
+    backlogged while the queue rightly treats it as new.
     """
 
     tenants: int
@@ -50,15 +54,28 @@ class ServiceSampler:
     times: list[float] = field(default_factory=list)
     samples: list[np.ndarray] = field(default_factory=list)
     backlogged: list[np.ndarray] = field(default_factory=list)
+    _emptied: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.service = [0.0] * self.tenants
         self.waiting = [0] * self.tenants
 
+    def enqueued(self, k: int) -> None:
+        if self.waiting[k] == 0:
+            self._emptied.add(k)  # it was empty since the last sample
+        self.waiting[k] += 1
+
+    def dequeued(self, k: int) -> None:
+        self.waiting[k] -= 1
+
     def sample(self, now: float) -> None:
         self.times.append(now)
         self.samples.append(np.array(self.service))
-        self.backlogged.append(np.array(self.waiting) > 0)
+        held = np.array(self.waiting) > 0
+        if self._emptied:
+            held[list(self._emptied)] = False
+        self.backlogged.append(held)
+        self._emptied = set()
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not self.times:

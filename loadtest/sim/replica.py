@@ -45,6 +45,7 @@ class Job:
     rid: int
     prompt: int
     output: int
+    cached: int = 0  # prompt tokens found in the prefix cache: not prefilled (prefix_cache_sim.py)
     blocks: int = 0
     finish_step: int = 0
     kc_term: int = 0
@@ -167,7 +168,7 @@ class SimReplica:
             self.free_blocks -= job.blocks
             jobs.append(job)
         m, b_old = self.spec.step, self.batch
-        prompt = sum(j.prompt for j in jobs)
+        prompt = sum(j.prompt - j.cached for j in jobs)
         budget = max(1, self.spec.max_num_batched_tokens - b_old)
         k = max(1, -(-prompt // budget))
         ctx = k * (self.kc + b_old * self.s0) + b_old * k * (k - 1) // 2

@@ -1,7 +1,7 @@
 """Replica-choice policies: round robin, least loaded, and fairlane's (``cluster.routing.kv_router``).
 
-fairlane's ranking is the real ``cluster.routing.kv_router.replica_score`` (a pure function; importing
-its module pulls in ``ray.serve.request_router``, see NEEDS.md item 2). It is fed what Serve
+fairlane's ranking is the real ``cluster.routing.replica_ranking.replica_score`` (pure, no Ray; the
+router's ``load`` choice). It is fed what Serve
 feeds it: routing stats refreshed every ``stats_period_s`` (free KV blocks, waiting tokens) and
 the router's own count of requests on the replica. Serve then takes the first rank with room
 (``max_ongoing_requests``); so do these.
@@ -69,7 +69,7 @@ class FairlaneKV:
     """
 
     def __init__(self, block_tokens: int = 16) -> None:
-        from cluster.routing.kv_router import replica_score
+        from cluster.routing.replica_ranking import replica_score
 
         self._score = replica_score
         self._block_tokens = block_tokens

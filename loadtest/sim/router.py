@@ -2,36 +2,37 @@
 
 * Admission: ``tenancy.QuotaManager.admit_sync`` / ``release_sync`` over a ``MemoryQuotaStore``,
   both with the event loop's clock.
-* Waiting: the queue from ``loadtest.sim.queues`` (the real ``FairQueue`` for vtc / fair_sla).
+* Waiting: the real ``FairQueue`` under the policy's dispatch order (fcfs, vtc or fairlane).
 * Dispatch: the real ``cluster.routing.dispatcher.Dispatcher``. Its public entry point ``wait_turn`` is
   a coroutine (asyncio futures and timeouts), so the simulator does what ``wait_turn`` does
   without the event loop: push, register a waiter, ``_kick()``; the waiter is a ``_Grant`` whose
   ``set_result`` hands the request to a replica (NEEDS.md item 1 asks for a sync entry point).
   Slots are released through the real ``DispatchSlot.release``.
-* Output tokens are charged to the queue once, when the request ends (the cluster charges each
-  streamed chunk; see docs/simulator.md for why and what it changes).
+* Charges as in the cluster: the pop charges the request's reservation (prompt + 2 × max_tokens),
+  the end settles it through ``DispatchSlot.release(output, cached)``.
+* Several routers (``ClusterSpec.routers``): each is one ``SimRouter`` with its own queue, its own
+  dispatcher holding its share of the room and its own replica choice; ``multi_router.py`` says
+  which router a request reaches and how their counters are exchanged.
 """
 
 from __future__ import annotations
-
-from collections import deque
 
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
 from loadtest.sim.events import EventLoop
 from loadtest.sim.outcomes import LIMIT, QUEUE_FULL, QUEUE_TIMEOUT, QUOTA, Outcomes, ServiceSampler
 from loadtest.sim.pool import ReplicaPool
-from loadtest.sim.replica import Job
+from loadtest.sim.replica import Job, SimReplica
 from loadtest.sim.replica_choice import Chooser
 from loadtest.sim.workload import Trace
-from tenancy import Lease, QueuedRequest, QueueFull, QuotaExceeded, QuotaManager, RequestLimitExceeded
-
-
-class NoReserveDispatcher(Dispatcher):
-    """The dispatcher without its per-tenant cap: the FCFS baselines' plain room."""
-
-    @property
-    def reserved(self) -> int:
-        return 0
+from tenancy import (
+    FairQueue,
+    Lease,
+    QueuedRequest,
+    QueueFull,
+    QuotaExceeded,
+    QuotaManager,
+    RequestLimitExceeded,
+)
 
 
 class _Grant:
@@ -96,31 +97,45 @@ class SimRouter:
         rid = str(i)
         request = self._queue.make_request(rid, tenant, prompt, max_tokens)
         try:
-            self._queue.push(request)
+            evicted = self._queue.push(request)
         except QueueFull as exc:
             self._end_lease(i, 0)
             self._outcomes.fail(i, QUEUE_FULL, now, exc.scope)
             return
+        if evicted is not None:  # pushed out of the full queue by a shorter lane: a 429 for it
+            self._drop(evicted.request_id, QUEUE_FULL, "total")
         self.in_system += 1
-        self._sampler.waiting[t.tenant[i]] += 1
+        self._sampler.enqueued(t.tenant[i])
         self._queued[rid] = request
         d = self._dispatcher
-        d._waiting.setdefault(tenant, deque()).append(rid)
         d._waiters[rid] = _Grant(self, rid)
         d._kick()
         if rid in d._waiters:
             self._loop.after(self._timeout, self._expire, rid)
 
+    @property
+    def queue(self) -> FairQueue:
+        return self._queue
+
     def kick(self) -> None:
         """Capacity changed (replicas ready or gone): let the dispatcher fill the room."""
         self._dispatcher._kick()
+
+    def replicas_changed(self, ready: list[SimReplica], n: int) -> None:
+        """Replicas became ready or left: the choice sees them, the room is this router's share."""
+        self._chooser.refresh(ready)
+        self._dispatcher.set_replicas(n)
+
+    def refresh_stats(self, ready: list[SimReplica]) -> None:
+        """The replicas' routing stats were polled (every ``routing_stats_period_s``)."""
+        self._chooser.refresh(ready)
 
     def _granted(self, rid: str) -> None:
         d, i = self._dispatcher, int(rid)
         del d._waiters[rid]
         request = self._queued.pop(rid)
         tenant = self._trace.tenant[i]
-        self._sampler.waiting[tenant] -= 1
+        self._sampler.dequeued(tenant)
         self._sampler.service[tenant] += request.prompt_tokens / self._trace.tenants[tenant].weight
         self._slots[i] = DispatchSlot(request, d)
         self._outcomes.dispatched[i] = self._loop.now
@@ -141,22 +156,24 @@ class SimRouter:
         self._outcomes.done(i, job.first_token + c, now + c, job.output, job.replica)
         self._chooser.changed(self._pool.by_index(job.replica))
         self._sampler.service[tenant] += 2 * job.output / self._trace.tenants[tenant].weight
-        self._queue.charge(self._tenant_ids[tenant], job.output)
         self._end_lease(i, job.output)
         self.in_system -= 1
-        self._slots.pop(i).release()
+        self._slots.pop(i).release(job.output)
 
     def _expire(self, rid: str) -> None:
-        if rid not in self._dispatcher._waiters:
-            return
+        if rid in self._dispatcher._waiters:
+            self._queue.remove(rid)
+            self._drop(rid, QUEUE_TIMEOUT)
+
+    def _drop(self, rid: str, status: int, reason: str = "") -> None:
+        """A waiting request that leaves the queue unserved (timed out, or pushed out)."""
         i = int(rid)
         del self._dispatcher._waiters[rid]
         self._queued.pop(rid)
-        self._queue.remove(rid)
-        self._sampler.waiting[self._trace.tenant[i]] -= 1
+        self._sampler.dequeued(self._trace.tenant[i])
         self._end_lease(i, 0)
         self.in_system -= 1
-        self._outcomes.fail(i, QUEUE_TIMEOUT, self._loop.now)
+        self._outcomes.fail(i, status, self._loop.now, reason)
 
     def _end_lease(self, i: int, output: int) -> None:
         lease = self._leases.pop(i, None)

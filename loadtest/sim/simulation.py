@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from loadtest.sim.autoscaler import Autoscaler
 from loadtest.sim.events import EventLoop
+from loadtest.sim.multi_router import router_picker, start_counter_exchange
 from loadtest.sim.outcomes import Outcomes, ServiceSampler
 from loadtest.sim.pool import ReplicaPool
 from loadtest.sim.queues import make_queue
-from loadtest.sim.replica import ReplicaSpec
+from loadtest.sim.replica import Job, ReplicaSpec
 from loadtest.sim.replica_choice import make_chooser
-from loadtest.sim.router import NoReserveDispatcher, SimRouter
+from loadtest.sim.router import SimRouter
 from loadtest.sim.spec import ClusterSpec, PolicySpec
 from loadtest.sim.step_model import StepModel
 from loadtest.sim.workload import Trace
@@ -41,19 +43,14 @@ def simulate(
     cluster: ClusterSpec,
     step: StepModel,
     sample_interval_s: float = 5.0,
+    assign: Callable[[int], int] | None = None,
 ) -> RunResult:
-    from cluster.routing.dispatcher import Dispatcher
-
+    """``assign(i)``: the router request ``i`` reaches (tests); default ``cluster.router_choice``."""
     started = time.perf_counter()
     loop = EventLoop()
     outcomes, sampler = Outcomes(len(trace)), ServiceSampler(len(trace.tenants))
-    queue = make_queue(policy.queue, config, loop.clock)
-    dispatcher_cls = Dispatcher if policy.reserved_room else NoReserveDispatcher
-    dispatcher = dispatcher_cls(queue, cluster.replica_room, 1, 0, cluster.queue_timeout_s)
-    quotas = None
-    if policy.quotas:
-        quotas = QuotaManager(config, MemoryQuotaStore(clock=loop.clock), clock=loop.clock)
-    chooser = make_chooser(policy.choice)
+    # One quota store for every router: the cluster's Redis store, so bounds hold across routers.
+    store = MemoryQuotaStore(clock=loop.clock) if policy.quotas else None
     spec = ReplicaSpec(
         step,
         cluster.kv_blocks,
@@ -62,55 +59,44 @@ def simulate(
         cluster.max_num_batched_tokens,
         cluster.join_lag_steps,
     )
-    holder: list[SimRouter] = []
+    routers: list[SimRouter] = []
+    owner = np.zeros(len(trace), dtype=np.int8)  # the router that holds request i
     a = cluster.autoscaling
 
     def replicas_changed(n: int) -> None:
-        chooser.refresh(pool.ready)
-        dispatcher.set_replicas(n)
+        for r in routers:
+            r.replicas_changed(pool.ready, n)
 
-    pool = ReplicaPool(
-        loop,
-        spec,
-        lambda job, now: holder[0].finished(job, now),
-        replicas_changed,
-        a.replica_start_s if a else 0.0,
-    )
-    router = SimRouter(
-        loop,
-        trace,
-        quotas,
-        dispatcher,
-        chooser,
-        pool,
-        outcomes,
-        sampler,
-        cluster.replica_room + 8,
-        cluster.queue_timeout_s,
-        cluster.dispatch_latency_s,
-        cluster.client_latency_s,
-    )
-    holder.append(router)
+    def finished(job: Job, now: float) -> None:
+        routers[owner[job.rid]].finished(job, now)
+
+    pool = ReplicaPool(loop, spec, finished, replicas_changed, a.replica_start_s if a else 0.0)
+    routers += [
+        _router(loop, trace, config, policy, cluster, store, pool, outcomes, sampler)
+        for _ in range(cluster.routers)
+    ]
     initial = cluster.replicas if a is None else (a.initial_replicas or a.min_replicas)
     pool.add(initial, immediately=True)
     last_arrival = float(trace.arrival[-1]) if len(trace) else 0.0
+
+    def busy() -> bool:
+        return loop.now < last_arrival or any(r.in_system > 0 for r in routers)
+
+    def running() -> bool:
+        return loop.now <= last_arrival or any(r.in_system > 0 for r in routers)
+
     autoscaler = None
     if a is not None:
-        autoscaler = Autoscaler(loop, pool, a, lambda: loop.now < last_arrival or router.in_system > 0)
+        autoscaler = Autoscaler(loop, pool, a, busy)
         autoscaler.start()
     _periodic(
-        loop,
-        cluster.routing_stats_period_s,
-        lambda: chooser.refresh(pool.ready),
-        lambda: loop.now <= last_arrival or router.in_system > 0,
+        loop, cluster.routing_stats_period_s, lambda: [r.refresh_stats(pool.ready) for r in routers], running
     )
-    _periodic(
-        loop,
-        sample_interval_s,
-        lambda: sampler.sample(loop.now),
-        lambda: loop.now <= last_arrival or router.in_system > 0,
-    )
-    _feed(loop, trace, router)
+    _periodic(loop, sample_interval_s, lambda: sampler.sample(loop.now), running)
+    if len(routers) > 1:
+        queues = [r.queue for r in routers]
+        start_counter_exchange(loop, queues, cluster.counter_sync_s, running, cluster.share_lifts)
+    _feed(loop, trace, _arrivals(routers, owner, cluster, assign))
     loop.run()
     end = float(np.nanmax(outcomes.end)) if len(trace) else 0.0  # periodic ticks may run past it
     loop.now = end
@@ -129,14 +115,63 @@ def simulate(
     )
 
 
-def _feed(loop: EventLoop, trace: Trace, router: SimRouter, chunk: int = 4096) -> None:
+def _router(
+    loop: EventLoop,
+    trace: Trace,
+    config: TenancyConfig,
+    policy: PolicySpec,
+    cluster: ClusterSpec,
+    store: MemoryQuotaStore | None,
+    pool: ReplicaPool,
+    outcomes: Outcomes,
+    sampler: ServiceSampler,
+) -> SimRouter:
+    """One router: its own fair queue, dispatcher (its share of the room) and replica choice."""
+    from cluster.routing.dispatcher import Dispatcher
+
+    queue = make_queue(policy.dispatch, config, loop.clock)
+    dispatcher = Dispatcher(queue, cluster.replica_room, cluster.routers, 0, cluster.queue_timeout_s)
+    quotas = None if store is None else QuotaManager(config, store, clock=loop.clock)
+    return SimRouter(
+        loop,
+        trace,
+        quotas,
+        dispatcher,
+        make_chooser(policy.choice),
+        pool,
+        outcomes,
+        sampler,
+        cluster.replica_room + 8,
+        cluster.queue_timeout_s,
+        cluster.dispatch_latency_s,
+        cluster.client_latency_s,
+    )
+
+
+def _arrivals(
+    routers: list[SimRouter], owner: np.ndarray, cluster: ClusterSpec, assign: Callable[[int], int] | None
+) -> Callable[[int], None]:
+    """Request i reaches one router (one router: straight to it, no draw)."""
+    if len(routers) == 1 and assign is None:
+        return routers[0].arrive
+    choose = router_picker(cluster.router_choice, routers)
+
+    def arrive(i: int) -> None:
+        k = choose() if assign is None else assign(i)
+        owner[i] = k
+        routers[k].arrive(i)
+
+    return arrive
+
+
+def _feed(loop: EventLoop, trace: Trace, arrive: Callable[[int], None], chunk: int = 4096) -> None:
     """Arrivals enter the heap a chunk at a time, so the heap holds only near-future events."""
     arrival = trace.arrival.tolist()
 
     def feed(start: int) -> None:
         stop = min(start + chunk, len(arrival))
         for i in range(start, stop):
-            loop.at(arrival[i], router.arrive, i)
+            loop.at(arrival[i], arrive, i)
         if stop < len(arrival):
             loop.at(arrival[stop - 1], feed, stop)
 

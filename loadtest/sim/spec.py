@@ -10,8 +10,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-QueueDiscipline = Literal["fifo", "vtc", "fair_sla"]
+from cluster.config import AppConfig
+from tenancy import DispatchPolicy
+
 ChoiceName = Literal["round_robin", "least_loaded", "fairlane"]
+RouterChoiceName = Literal["power_of_two", "random"]
+# The cluster's counter sync runs every counter_sync_s on a task of its own (RouterCore.start_counter_sync);
+# until 2026-12-02 it was the monitor loop's load_poll_interval_s (1.0 s), which this default followed.
+COUNTER_SYNC_S: float = AppConfig.model_fields["counter_sync_s"].default
 
 
 class _Strict(BaseModel):
@@ -19,25 +25,24 @@ class _Strict(BaseModel):
 
 
 class PolicySpec(_Strict):
-    """One row of the comparison: admission × queue discipline × replica choice."""
+    """One row of the comparison: admission × dispatch policy × replica choice."""
 
     name: str = Field(min_length=1, description="Label in reports.")
     quotas: bool = Field(description="Admission through tenancy.QuotaManager (RPM/TPM/concurrency).")
-    queue: QueueDiscipline = Field(description="fifo baseline, or the real FairQueue flat (vtc) or tiered.")
-    reserved_room: bool = Field(default=True, description="The dispatcher's per-tenant cap (reserved room).")
+    dispatch: DispatchPolicy = Field(description="The router's dispatch policy (fcfs, vtc or fairlane).")
     choice: ChoiceName = Field(default="fairlane", description="Replica choice policy.")
 
 
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
-        PolicySpec(name="fcfs", quotas=False, queue="fifo", reserved_room=False),
-        PolicySpec(name="rate_limits", quotas=True, queue="fifo", reserved_room=False),
-        PolicySpec(name="vtc", quotas=False, queue="vtc"),
-        PolicySpec(name="fairlane", quotas=False, queue="fair_sla"),
-        PolicySpec(name="fairlane+quotas", quotas=True, queue="fair_sla"),
-        PolicySpec(name="fairlane+round_robin", quotas=False, queue="fair_sla", choice="round_robin"),
-        PolicySpec(name="fairlane+least_loaded", quotas=False, queue="fair_sla", choice="least_loaded"),
+        PolicySpec(name="fcfs", quotas=False, dispatch="fcfs"),
+        PolicySpec(name="rate_limits", quotas=True, dispatch="fcfs"),
+        PolicySpec(name="vtc", quotas=False, dispatch="vtc"),
+        PolicySpec(name="fairlane", quotas=False, dispatch="fairlane"),
+        PolicySpec(name="fairlane+quotas", quotas=True, dispatch="fairlane"),
+        PolicySpec(name="fairlane+round_robin", quotas=False, dispatch="fairlane", choice="round_robin"),
+        PolicySpec(name="fairlane+least_loaded", quotas=False, dispatch="fairlane", choice="least_loaded"),
     )
 }
 
@@ -106,6 +111,20 @@ class ClusterSpec(_Strict):
     )
     client_latency_s: float = Field(
         default=0.0, ge=0, description="Added to client-seen first token and end (proxy, HTTP, SSE, ingress)."
+    )
+    routers: int = Field(
+        default=1, gt=0, le=64, description="Router replicas: each its own fair queue and share of the room."
+    )
+    counter_sync_s: float = Field(
+        default=COUNTER_SYNC_S, gt=0, description="Fair-share counter exchange period between routers."
+    )
+    share_lifts: bool = Field(
+        default=False,
+        description="Routers share lifts as offsets kept by maximum (tenancy/shared_lifts.py).",
+    )
+    router_choice: RouterChoiceName = Field(
+        default="power_of_two",
+        description="How Serve's proxy picks a router: power_of_two (fewer held) or random.",
     )
 
 

@@ -2,17 +2,19 @@
 
 TTFT = first token − send; TPOT = (E2E − TTFT)/(output − 1); attainment = requests meeting their
 class's targets over requests *offered* (rejections and timeouts count as misses; the cluster's
-SLA report divides by requests served instead, also given); Jain's index = (Σx)²/(n·Σx²) over
-weighted service of the tenants backlogged in at least half of the samples; max service gap =
-largest |ΔW_f − ΔW_g| over sampled windows in which two tenants of the same class and weight were
-backlogged at every sample; dollars per successful response = replica-hours × price / successes.
+SLA report divides by requests served instead, also given), also split into tenants within their
+max-min fair share and over it (``loadtest/sim/fair_share.py``); fairness figures are defined in
+``FAIRNESS_DEFINITIONS`` (each beside the VTC bound); dollars per successful response =
+replica-hours × price / successes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from loadtest.sim.fair_share import within_share
 from loadtest.sim.outcomes import OK, STATUS_NAMES
+from loadtest.sim.service_curve import delivered_service
 from loadtest.sim.simulation import RunResult
 from loadtest.sim.workload import Trace
 from tenancy import TenancyConfig
@@ -62,6 +64,7 @@ def _pcts(x: np.ndarray) -> dict:
 
 def _per_class(trace: Trace, config: TenancyConfig, ok, ttft, tpot, e2e, span) -> dict:
     class_of = np.array([t.sla_class for t in trace.tenants])[trace.tenant]
+    fair = within_share(trace)[trace.tenant]
     out = {}
     for c in config.sla_classes:
         mask = class_of == c.name
@@ -72,47 +75,114 @@ def _per_class(trace: Trace, config: TenancyConfig, ok, ttft, tpot, e2e, span) -
         out[c.name] = {
             "offered": offered,
             "served": n_served,
-            "ttft_attainment": float(met_ttft.sum() / offered) if offered else None,
-            "attainment": float(met_all.sum() / offered) if offered else None,
-            "attainment_of_served": float(met_all.sum() / n_served) if n_served else None,
+            "ttft_attainment": _ratio(met_ttft, mask),
+            "ttft_attainment_within_share": _ratio(met_ttft, mask & fair),
+            "ttft_attainment_over_share": _ratio(met_ttft, mask & ~fair),
+            "attainment": _ratio(met_all, mask),
+            "attainment_within_share": _ratio(met_all, mask & fair),
+            "attainment_over_share": _ratio(met_all, mask & ~fair),
+            "attainment_of_served": _ratio(met_all, served),
+            "offered_within_share": int((mask & fair).sum()),
             "goodput_rps": float(met_all.sum() / span),
             "ttft_s": _pcts(ttft[served]),
         }
     return out
 
 
+def _ratio(met: np.ndarray, of: np.ndarray) -> float | None:
+    n = int(of.sum())
+    return float((met & of).sum() / n) if n else None
+
+
+FAIRNESS_DEFINITIONS = {
+    "service": "weighted tokens received: prompt × 1 at the first token, output × 2 spread from first "
+    "token to end, divided by the tenant's weight",
+    "backlogged": "the tenant had a request waiting in the fair queue at every instant of the window "
+    "(a tenant whose queue empties is lifted on return and banks no credit)",
+    "group": "tenants of one SLA class (tier) and one weight; fairness is only promised within it",
+    "max_service_gap": "largest max−min of service received over a window by the tenants of one group "
+    "backlogged throughout it (windows of 30, 120, 600 s on the 5-s sample grid)",
+    "jain": "Jain's index (Σx)²/(n·Σx²) of the service received in one 30-s window by the tenants of "
+    "one group backlogged throughout it; mean and minimum over windows and groups with ≥ 2 tenants",
+    "vtc_bound": "docs/tenancy.md: service gap <= 4·S + 8·M weighted tokens (S: largest request, "
+    "prompt + max_tokens; M: tokens the running set can hold), 2·S-wide counters without refunds",
+    "max_service_gap_at": "where the max service gap is: window, its start (s), the group, and how many "
+    "of its tenants were backlogged throughout (the gap is a max−min: it grows with that number)",
+}
+
+
 def fairness(trace: Trace, run: RunResult) -> dict:
-    times, service, backlog = run.sampler.arrays()
+    times, _, backlog = run.sampler.arrays()
     if len(times) < 2:
-        return {"jain": None, "max_service_gap": None, "contending_tenants": 0}
-    contending = backlog.mean(axis=0) >= 0.5
-    x = service[-1][contending]
-    jain = float(x.sum() ** 2 / (len(x) * (x**2).sum())) if len(x) and (x**2).sum() > 0 else None
+        return {"jain": None, "max_service_gap": None, "groups_compared": 0}
+    service = delivered_service(trace, run.outcomes, times)
     groups: dict[tuple[str, float], list[int]] = {}
     for k, t in enumerate(trace.tenants):
         groups.setdefault((t.sla_class, t.weight), []).append(k)
     step = float(np.median(np.diff(times)))
-    gaps = {}
+    gaps: dict[str, float | None] = {}
+    at: dict | None = None
     for window in GAP_WINDOWS_S:
         lag = max(1, round(window / step))
-        gaps[f"{window:g}s"] = _max_gap(service, backlog, groups, lag)
+        found = _max_gap_at(service, backlog, groups, lag)
+        gaps[f"{window:g}s"] = None if found is None else found[0]
+        if found is not None and (at is None or found[0] > at["gap"]):
+            at = {"gap": found[0], "window_s": window, "start_s": float(times[found[2]])} | found[1]
+    jains = _group_jains(service, backlog, groups, max(1, round(GAP_WINDOWS_S[0] / step)))
+    s_max = int((trace.prompt + trace.max_tokens).max()) if len(trace) else 0
     return {
-        "jain": jain,
-        "contending_tenants": int(contending.sum()),
+        "jain": float(np.mean(jains)) if jains else None,
+        "jain_min": float(np.min(jains)) if jains else None,
+        "groups_compared": len(jains),
         "max_service_gap": max((g for g in gaps.values() if g is not None), default=None),
         "max_service_gap_by_window": gaps,
+        "max_service_gap_at": at,
+        "largest_request_tokens": s_max,
+        "definitions": FAIRNESS_DEFINITIONS,
     }
+
+
+def _group_jains(service: np.ndarray, backlog: np.ndarray, groups: dict, lag: int) -> list[float]:
+    """Jain's index per (window, group) with at least two tenants backlogged throughout."""
+    if lag >= len(service):
+        return []
+    through = _backlogged_through(backlog, lag)
+    delta = service[lag:] - service[:-lag]
+    out = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        d, m = delta[:, members], through[:, members]
+        for row in np.flatnonzero(m.sum(axis=1) >= 2):
+            x = d[row][m[row]]
+            if (x**2).sum() > 0:
+                out.append(float(x.sum() ** 2 / (len(x) * (x**2).sum())))
+    return out
+
+
+def _backlogged_through(backlog: np.ndarray, lag: int) -> np.ndarray:
+    """[window start, tenant]: backlogged in every sample interval of the window."""
+    not_backlogged = np.cumsum(np.vstack([np.zeros((1, backlog.shape[1])), ~backlog]), axis=0)
+    return (not_backlogged[lag + 1 :] - not_backlogged[1:-lag]) == 0  # intervals i+1..i+lag
+
+
+GapAt = tuple[float, dict, int]  # gap, its group and tenant count, the window's first sample
 
 
 def _max_gap(service: np.ndarray, backlog: np.ndarray, groups: dict, lag: int) -> float | None:
     """Weighted tokens: the largest gap between two same-group tenants backlogged through a window."""
+    found = _max_gap_at(service, backlog, groups, lag)
+    return None if found is None else found[0]
+
+
+def _max_gap_at(service: np.ndarray, backlog: np.ndarray, groups: dict, lag: int) -> GapAt | None:
+    """``_max_gap`` with its group, how many tenants it compared, and the window's first sample."""
     if lag >= len(service):
         return None
-    not_backlogged = np.cumsum(np.vstack([np.zeros((1, backlog.shape[1])), ~backlog]), axis=0)
-    through = (not_backlogged[lag + 1 :] - not_backlogged[: -lag - 1]) == 0  # windows [i, i+lag]
+    through = _backlogged_through(backlog, lag)
     delta = service[lag:] - service[:-lag]
     best = None
-    for members in groups.values():
+    for (sla_class, weight), members in groups.items():
         if len(members) < 2:
             continue
         d, m = delta[:, members], through[:, members]
@@ -120,8 +190,9 @@ def _max_gap(service: np.ndarray, backlog: np.ndarray, groups: dict, lag: int) -
             continue
         hi = np.where(m, d, -np.inf).max(axis=1)
         lo = np.where(m, d, np.inf).min(axis=1)
-        pair = m.sum(axis=1) >= 2
-        if pair.any():
-            g = float((hi - lo)[pair].max())
-            best = g if best is None else max(best, g)
+        spread = np.where(m.sum(axis=1) >= 2, hi - lo, -np.inf)
+        row = int(spread.argmax())
+        if spread[row] > -np.inf and (best is None or spread[row] > best[0]):
+            where = {"sla_class": sla_class, "weight": weight, "tenants": int(m[row].sum())}
+            best = (float(spread[row]), where, row)
     return best

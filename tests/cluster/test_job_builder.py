@@ -29,9 +29,9 @@ class SpyEncoder(PromptEncoder):
         self.threads.append(threading.get_ident())
         return super().completion(prompt)
 
-    def chat(self, messages):
+    def chat(self, messages, *tool_args):
         self.threads.append(threading.get_ident())
-        return super().chat(messages)
+        return super().chat(messages, *tool_args)
 
 
 @pytest.fixture(scope="module")

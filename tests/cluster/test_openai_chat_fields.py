@@ -112,9 +112,9 @@ def test_roles_names_parts_and_null_assistant_content_render_as_plain_text(clien
 @pytest.mark.parametrize(
     ("kw", "param", "words"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calls"),
-        ({"tool_choice": "required"}, "tool_choice", "tool calls"),
-        ({"parallel_tool_calls": False}, "parallel_tool_calls", "tool calls"),
+        ({"functions": [{"name": "f"}]}, "functions", "deprecated `functions`"),
+        ({"function_call": "auto"}, "function_call", "deprecated `functions`"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "audio"),
         ({"modalities": ["text", "audio"]}, "modalities", "audio"),
         ({"extra_body": {"moderation": {"model": "omni-moderation-latest"}}}, "moderation", "moderation"),
@@ -124,7 +124,12 @@ def test_roles_names_parts_and_null_assistant_content_render_as_plain_text(clien
             "messages.0.content",
             "image input",
         ),
-        ({"messages": [{"role": "tool", "content": "4", "tool_call_id": "c"}]}, "messages.0", "tool calls"),
+        (
+            {"messages": [{"role": "tool", "content": "4", "tool_call_id": "c"}]},
+            "messages.0",
+            "no open tool call",
+        ),
+        ({"messages": [{"role": "function", "content": "4", "name": "f"}]}, "messages.0", "deprecated"),
         ({"extra_body": {"frobnicate": 1}}, "frobnicate", "unrecognized"),
     ],
 )

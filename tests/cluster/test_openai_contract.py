@@ -36,6 +36,11 @@ from tests.cluster.helpers import ALICE, MODEL
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 HELLO = [{"role": "user", "content": "Say hi."}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CALL = {  # an assistant's call, answered by a tool message (a call left unanswered is a 400)
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+}
 
 # A request with each field asking for something (companions a field needs ride along).
 SAMPLES: dict[str, dict] = {
@@ -72,8 +77,8 @@ SAMPLES: dict[str, dict] = {
     "web_search_options": {"web_search_options": {"search_context_size": "low"}},
     "response_format": {"response_format": {"type": "json_object"}},
     "tools": {"tools": [TOOL]},
-    "tool_choice": {"tools": [], "tool_choice": "auto"},
-    "parallel_tool_calls": {"parallel_tool_calls": True},
+    "tool_choice": {"tools": [TOOL], "tool_choice": "required"},
+    "parallel_tool_calls": {"tools": [TOOL], "parallel_tool_calls": False},
     "functions": {"functions": [TOOL["function"]]},
     "function_call": {"function_call": "auto"},
     "top_k": {"top_k": 5},
@@ -96,18 +101,14 @@ MESSAGE_SAMPLES: dict[str, dict] = {
     "name": {"role": "user", "content": "Hi", "name": "ann"},
     "refusal": {"role": "assistant", "content": None, "refusal": "I cannot."},
     "audio": {"role": "assistant", "content": "x", "audio": {"id": "a1"}},
-    "tool_calls": {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
-    },
+    "tool_calls": [CALL, {"role": "tool", "content": "42", "tool_call_id": "c1"}],
     "function_call": {
         "role": "assistant",
         "content": None,
         "function_call": {"name": "f", "arguments": "{}"},
     },
-    "tool_call_id": {"role": "tool", "content": "42", "tool_call_id": "c1"},
-}
+    "tool_call_id": [CALL, {"role": "tool", "content": "42", "tool_call_id": "c1"}],
+}  # a list: a conversation that uses the field (a call is answered before the next message)
 PART_SAMPLES: dict[str, dict] = {
     "text": {"type": "text", "text": "Hi", "prompt_cache_breakpoint": {"mode": "explicit"}},
     "refusal": {"type": "refusal", "refusal": "I cannot."},
@@ -195,7 +196,9 @@ def test_each_stream_option_is_taken(base_url: str, path: str, field: str) -> No
 
 @pytest.mark.parametrize("field", list(MESSAGE))
 def test_each_message_field_works_or_is_refused_naming_the_message(base_url: str, field: str) -> None:
-    body = {"model": MODEL, "messages": [MESSAGE_SAMPLES[field], *HELLO], "max_tokens": 2}
+    sample = MESSAGE_SAMPLES[field]
+    messages = sample if isinstance(sample, list) else [sample]
+    body = {"model": MODEL, "messages": [*messages, *HELLO], "max_tokens": 2}
     _check(_post(base_url, "/v1/chat/completions", body), MESSAGE[field], "messages.0", inside=True)
 
 

@@ -5,7 +5,10 @@
   it counts is one the cluster recorded, with the same tokens, and the SLA report's counts for the
   tenant are exactly its recorded requests (the rest were sent outside guidellm's measured window or
   cut at its end, never refused or failed).
-* ``langchain-openai``'s ``ChatOpenAI``: plain chat and streaming give the ``openai`` client's answer.
+* ``langchain-openai``'s ``ChatOpenAI``: plain chat and streaming give the ``openai`` client's answer;
+  ``with_structured_output`` of a pydantic model (by JSON schema and by function calling) gives that
+  model; ``bind_tools`` with one tool calls it (streamed chunks join to the same call), and the
+  conversation goes on with the tool's result.
 
 Kept light for a 2-core box: one request a second, 16-token prompts, 8-token answers.
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import openai
+from pydantic import BaseModel, Field
 
 from cluster.text.prompts import tokenizer_dir
 from tests.cluster.helpers import ADMIN, CAROL, MODEL
@@ -103,3 +107,63 @@ def test_langchain_chat_openai_plain_and_streamed(base_url: str, client: openai.
     assert "".join(c.content for c in chunks) == reply.content
     usage = [c.usage_metadata for c in chunks if c.usage_metadata]
     assert usage and usage[-1]["output_tokens"] == sdk.usage.completion_tokens
+
+
+class City(BaseModel):
+    """A city and its country."""
+
+    name: str = Field(max_length=24)
+    country: str = Field(max_length=24)
+
+
+class WeatherArgs(BaseModel):
+    city: str = Field(max_length=24, description="The city")
+
+
+def _chat_openai(base_url: str, max_tokens: int):
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        base_url=f"{base_url}/v1",
+        api_key=CAROL,
+        model=MODEL,
+        temperature=0,
+        max_tokens=max_tokens,
+        max_retries=0,
+    )
+
+
+def test_langchain_structured_output_of_a_pydantic_model(base_url: str) -> None:
+    llm = _chat_openai(base_url, 80)
+    ask = "Name a large city in Japan."
+    for method in ("json_schema", "function_calling"):
+        city = llm.with_structured_output(City, method=method).invoke(ask)
+        assert isinstance(city, City) and city.name and city.country, method
+
+
+def test_langchain_bind_tools_round_trip(base_url: str) -> None:
+    from langchain_core.messages import AIMessageChunk, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    @tool(args_schema=WeatherArgs)
+    def get_weather(city: str) -> str:
+        """The weather in a city today."""
+        return f"18 degrees and sunny in {city}"
+
+    llm = _chat_openai(base_url, 60)
+    forced = llm.bind_tools([get_weather], tool_choice="get_weather")
+    ask = [HumanMessage("What is the weather like in Paris today?")]
+    called = forced.invoke(ask)
+    assert called.response_metadata["finish_reason"] == "tool_calls" and not called.invalid_tool_calls
+    (call,) = called.tool_calls
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    WeatherArgs.model_validate(call["args"])
+    joined = None
+    for piece in forced.stream(ask):
+        joined = piece if joined is None else joined + piece
+    assert isinstance(joined, AIMessageChunk)
+    assert [(c["name"], c["args"]) for c in joined.tool_calls] == [(call["name"], call["args"])]
+    result = get_weather.invoke(call)  # the tool run on the model's call: a ToolMessage with its id
+    assert isinstance(result, ToolMessage) and result.tool_call_id == call["id"]
+    answer = llm.bind_tools([get_weather]).invoke([*ask, called, result])
+    assert answer.content or answer.tool_calls

@@ -64,10 +64,10 @@ def test_access_log_is_off_unless_asked_for() -> None:
 
 class _Handle:
     def __init__(self) -> None:
-        self.options_seen: dict = {}
+        self.options_seen: list[dict] = []
 
     def options(self, **kw) -> _Handle:
-        self.options_seen = kw
+        self.options_seen.append(kw)
         return self
 
 
@@ -83,8 +83,15 @@ def _runner(grpc: bool) -> _Handle:
 
 def test_replica_streams_use_grpc_unless_switched_off() -> None:
     assert AppConfig().handle_grpc is True
-    assert _runner(grpc=True).options_seen == {"stream": True, "_by_reference": False}
-    assert _runner(grpc=False).options_seen == {"stream": True, "_by_reference": True}
+    # The Serve stream per request, and the unary call of the stream channel (its outputs on the channel)
+    assert _runner(grpc=True).options_seen == [
+        {"stream": True, "_by_reference": False},
+        {"stream": False, "_by_reference": False},
+    ]
+    assert _runner(grpc=False).options_seen == [
+        {"stream": True, "_by_reference": True},
+        {"stream": False, "_by_reference": True},
+    ]
 
 
 def test_paced_replica_coalesces_like_the_replica_server() -> None:

@@ -35,7 +35,7 @@ async def test_fair_share_counters_survive_a_reload() -> None:
     held.release()
     alice = await asyncio.wait_for(urgent, 1)  # popped at counter 300: her tier's floor is 300 now
     before = {t: d.queue.counter(t) for t in ("alice", "bob")}
-    assert before == {"alice": 350.0, "bob": 0.0}
+    assert before == {"alice": 300.0 + (100 + 2 * 8) / 2, "bob": 0.0}  # the pop reserves prompt + 2 × max
 
     d.replace_queue(FairQueue.from_config(without(config, "carol"), clock=lambda: now[0]))
 
@@ -43,7 +43,7 @@ async def test_fair_share_counters_survive_a_reload() -> None:
     # to the floor as if he had just arrived (that would cost him his place).
     assert {t: d.queue.counter(t) for t in ("alice", "bob")} == before
     # The service not yet shared with other routers (through Redis) carries over too.
-    assert d.queue.take_local_service() == {"alice": 350.0}
+    assert d.queue.take_local_service() == {"alice": 358.0}
     assert "b0" in d.queue and "c1" not in d.queue
     with pytest.raises(UnknownTenantError):  # its tenant is gone: it fails instead of waiting forever
         await asyncio.wait_for(doomed, 1)

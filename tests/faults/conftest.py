@@ -20,16 +20,6 @@ REPO = str(Path(__file__).resolve().parents[2])
 QUEUE_PER_TENANT, QUEUE_TOTAL = 16, 40
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "own_ray: starts a Ray of its own (in a subprocess); runs first")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that start a Ray of their own run first, before the session's shared Ray exists: not
-    two Rays' workers on the box at once, and nothing for their subprocess to find and join."""
-    items.sort(key=lambda item: 0 if item.get_closest_marker("own_ray") else 1)  # stable otherwise
-
-
 @pytest.fixture(scope="session")
 def fault_port() -> Iterator[int]:
     """The Serve HTTP port: reuse the running Serve (tests/cluster's), or start Ray + Serve here."""

@@ -55,7 +55,7 @@ def test_short_soak_loses_nothing_and_leaks_nothing(soak_app) -> None:
     ] == [], f
     assert f["lost"] == 0 and f["hung"] == 0, f
     assert report.client["completed"] > 0, report.client
-    for held in ("in_flight", "queued", "waiters", "tracked_ids", "leases", "kv_blocks_used"):
+    for held in ("in_flight", "queued", "waiters", "leases", "kv_blocks_used"):
         assert f[f"after_{held}"] == f[f"before_{held}"] == 0, (held, f)
     assert f["before_replicas_reporting"] == f["after_replicas_reporting"] == 2, f  # KV read on each
     shared = redis_client.Redis.from_url(redis.url, decode_responses=True)

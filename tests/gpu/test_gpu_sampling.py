@@ -133,7 +133,7 @@ async def _run(config: EngineConfig, prompts, params, together: bool = True, syn
         outputs = await asyncio.gather(*tasks)
         runner = engine.core.runner
         replays = {k: g.replays for k, g in runner.graphs.items()}
-        replays.update({f"mixed-{k}": g.replays for k, g in runner.mixed_graphs.items()})
+        replays.update({f"mixed-{k}": g.replays for k, g in runner.mixed.fresh.items()})
         return outputs, replays, engine.stats()
     finally:
         if sync_debug:

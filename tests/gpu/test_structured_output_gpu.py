@@ -1,7 +1,7 @@
 """Structured output on the GPU (skipped without CUDA): the token-mask kernel equals the torch path,
-constrained requests replay the sample graphs (fixed-size mask buffer, unconstrained rows idle) and
-their answers parse and validate, graphed equals eager and sync, unconstrained neighbours keep their
-tokens, and constrained steps never sync with the host.
+constrained requests replay the split graphs (forward, then draw; fixed-size mask buffer,
+unconstrained rows idle) and their answers parse and validate, graphed equals eager and sync,
+unconstrained neighbours keep their tokens, and constrained steps never sync with the host.
 
 Random weights write nonsense, but the grammar forces valid JSON anyway; the schema's strings are
 bounded so every answer ends. The tokenizer is bench/bpe_vocab.py's byte-level BPE at the model's
@@ -102,7 +102,11 @@ async def _run(config: EngineConfig, prompts, params, sync_debug: bool = False):
             await asyncio.sleep(0)
         engine.release()
         results = await asyncio.gather(*tasks)
-        replays = {k: g.replays for k, g in engine.core.runner.graphs.items()}
+        runner = engine.core.runner
+        replays = {k: g.replays for k, g in runner.graphs.items()}
+        # Constrained steps run as a forward graph, then (masks filled meanwhile) a draw graph.
+        replays["split_forward"] = runner.split.forward_replays + runner.split.mixed_replays
+        replays["split_draw"] = sum(g.replays for g in runner.split.draw_graphs.values())
         return results, replays, engine.stats()
     finally:
         if sync_debug:
@@ -142,7 +146,8 @@ def test_constrained_requests_replay_graphs_and_match_eager_and_sync():
             if a[0] != b[0]
         ]
         assert not differ, f"{name} differs from sync at requests {differ}"
-    assert results["async"][1]["sample"] > 0, results["async"][1]
+    assert results["async"][1]["split_draw"] > 0, results["async"][1]
+    assert results["async"][1]["split_forward"] > 0, results["async"][1]
     assert all(r[2].kv_blocks_used == 0 for r in results.values())
 
 
@@ -162,4 +167,4 @@ def test_constrained_steps_never_sync_with_the_host():
     cfg = EngineConfig(**{**BASE, "dtype": "bfloat16", "max_num_seqs": 16})
     results, replays, _ = asyncio.run(_run(cfg, prompts, params, sync_debug=True))
     _check_answers(results, params)
-    assert replays["sample"] > 0
+    assert replays["split_draw"] > 0 and replays["split_forward"] > 0, replays

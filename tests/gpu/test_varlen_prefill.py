@@ -100,9 +100,33 @@ def test_engine_picks_flash_prefill_where_the_kernel_runs(dtype, backend):
     assert not flash_varlen_available(torch.device("cpu"), torch.bfloat16, 64)
 
 
+def _padded_bounds(bounds: torch.Tensor) -> torch.Tensor:
+    """Chunk offsets as a mixed graph's IO buffer holds them: MAX_CHUNKS + 1, the last repeated."""
+    from replica.mixed_graphs import MAX_CHUNKS
+
+    values = bounds.tolist()
+    return torch.tensor(
+        values + [values[-1]] * (MAX_CHUNKS + 1 - len(values)), dtype=torch.int32, device="cuda"
+    )
+
+
+def _fixed_shape(meta, rows: int, decodes: int, tokens: int, cu_k, max_k: int, key_slots=None):
+    """`meta` in a mixed graph's fixed shapes: `rows` decode rows (padded ones read block 0 only)."""
+    tables = torch.zeros(rows, meta.decode_block_tables.shape[1], dtype=torch.int64, device="cuda")
+    tables[:decodes] = meta.decode_block_tables
+    lens = torch.ones(rows, dtype=torch.int64, device="cuda")
+    lens[:decodes] = meta.decode_context_lens
+    return AttentionMetadata(
+        slot_mapping=meta.slot_mapping, num_decode=rows, decode_block_tables=tables, decode_context_lens=lens,
+        prefills=[], decode_backend="triton", prefill_backend="flash_padded",
+        prefill_cu_q=_padded_bounds(meta.prefill_cu_q), prefill_cu_k=cu_k, prefill_max_q=tokens,
+        prefill_max_k=max_k, decode_rows=torch.tensor([decodes], dtype=torch.int32, device="cuda"),
+        prefill_key_slots=key_slots,
+    )  # fmt: skip
+
+
 def test_padded_mixed_step_equals_the_reference():
     """The fixed-shape form a mixed CUDA graph runs: padded tokens, padded decode rows, padded chunks."""
-    from replica.mixed_graphs import MAX_CHUNKS
     from replica.varlen_prefill import padded_mixed_attention
 
     chunks, decodes = [(50, 50), (128, 128), (7, 7)], 5
@@ -114,20 +138,8 @@ def test_padded_mixed_step_equals_the_reference():
     def padded(x: torch.Tensor) -> torch.Tensor:  # garbage in the padding: it must not leak
         return torch.cat([x, torch.full((tokens - used, *x.shape[1:]), 7.0, dtype=x.dtype, device=x.device)])
 
-    tables = torch.zeros(rows, meta.decode_block_tables.shape[1], dtype=torch.int64, device="cuda")
-    tables[:decodes] = meta.decode_block_tables
-    lens = torch.ones(rows, dtype=torch.int64, device="cuda")
-    lens[:decodes] = meta.decode_context_lens
-    bounds = meta.prefill_cu_q.tolist()
-    bounds += [bounds[-1]] * (MAX_CHUNKS + 1 - len(bounds))
-    fixed = AttentionMetadata(
-        slot_mapping=meta.slot_mapping, num_decode=rows, decode_block_tables=tables, decode_context_lens=lens,
-        prefills=[], decode_backend="triton", prefill_backend="flash_padded",
-        prefill_cu_q=torch.tensor(bounds, dtype=torch.int32, device="cuda"),
-        prefill_cu_k=torch.tensor(bounds, dtype=torch.int32, device="cuda"),
-        prefill_max_q=tokens, prefill_max_k=tokens,
-        decode_rows=torch.tensor([decodes], dtype=torch.int32, device="cuda"),
-    )  # fmt: skip
+    bounds = _padded_bounds(meta.prefill_cu_q)
+    fixed = _fixed_shape(meta, rows, decodes, tokens, bounds, tokens)
     got = padded_mixed_attention(padded(q), padded(k), padded(v), cache, fixed, 64**-0.5)[:used]
     err = (got.float() - want.float()).abs().max().item()
     assert err < 2e-2, f"max abs error {err}"
@@ -176,3 +188,85 @@ def test_mixed_graphs_run_mixed_steps_and_agree_with_eager_steps():
     assert all(len(o) == max_tokens for o in graphed)
     agree = sum(g == e for g, e in zip(graphed, eager, strict=True))
     assert agree >= len(prompts) // 2, (graphed, eager)
+
+
+def test_context_graph_attention_equals_the_reference():
+    """A context graph's fixed-shape step: chunks that continue their sequences (and one that starts
+    its own) read every key through slots derived on the device from cu_k and the block tables."""
+    from replica.mixed_graphs import MAX_CHUNKS, key_slots
+    from replica.varlen_prefill import padded_mixed_attention
+
+    chunks, decodes = [(30, 300), (128, 128), (5, 900), (1, 64)], 3
+    q, k, v, cache, meta = _step(8, 2, 64, torch.bfloat16, chunks, decodes)
+    want = paged_attention(q, k, v, cache, meta, 64**-0.5)
+    tokens, rows, keys = 256, 32, 2048  # padded: tokens, decode rows and gathered keys
+    used = q.shape[0]
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, torch.full((tokens - used, *x.shape[1:]), 7.0, dtype=x.dtype, device=x.device)])
+
+    width = 64
+    dev = {
+        "prefill_tables": torch.zeros(rows, width, dtype=torch.int64, device="cuda"),
+        "prefill_cu_k": torch.zeros(MAX_CHUNKS + 1, dtype=torch.int32, device="cuda"),
+    }
+    for i, c in enumerate(meta.prefills):
+        dev["prefill_tables"][i, : len(c.block_table)] = c.block_table
+        dev["prefill_tables"][i, len(c.block_table) :] = 9  # stale entries past the table: never read
+    dev["prefill_cu_k"][:] = _padded_bounds(meta.prefill_cu_k)
+    slots = key_slots(dev, keys, BLOCK)
+    expected = []
+    for c in meta.prefills:  # each chunk's first context_len slots, in order
+        within = torch.arange(len(c.block_table) * BLOCK, device="cuda")
+        expected.append((c.block_table[within // BLOCK] * BLOCK + within % BLOCK)[: c.context_len])
+    expected = torch.cat(expected)
+    assert torch.equal(slots[: len(expected)], expected) and not slots[len(expected) :].any()
+
+    fixed = _fixed_shape(meta, rows, decodes, tokens, dev["prefill_cu_k"], keys, slots)
+    got = padded_mixed_attention(padded(q), padded(k), padded(v), cache, fixed, 64**-0.5)[:used]
+    err = (got.float() - want.float()).abs().max().item()
+    assert err < 2e-2, f"max abs error {err}"
+
+
+def test_cached_prefixes_run_context_graphs_and_agree_with_eager_steps():
+    """Prompts that share a cached prefix with an earlier one (and long prompts chunked over several
+    steps) continue their sequences: context graphs run those steps, with the tokens of eager ones."""
+    import asyncio
+
+    from replica import Engine, EngineConfig, SamplingParams
+
+    rng = torch.Generator().manual_seed(5)
+    system = torch.randint(100, 49000, (600,), generator=rng).tolist()
+    prompts = [system + torch.randint(100, 49000, (n,), generator=rng).tolist() for n in (20, 45, 9, 70)]
+    prompts.append(torch.randint(100, 49000, (700,), generator=rng).tolist())  # chunked: 256 per step
+    max_tokens = 16
+
+    async def run(**overrides) -> tuple[list[list[int]], int, int]:
+        cfg = EngineConfig(
+            model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=16,
+            max_num_batched_tokens=256, **overrides,
+        )  # fmt: skip
+        engine = Engine(cfg)
+        await engine.start()
+        try:
+            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+            async def one(prompt: list[int], delay: float) -> list[int]:
+                await asyncio.sleep(delay)
+                outs = [o async for o in engine.generate(prompt, params)]
+                return [t for out in outs for t in out.token_ids]
+
+            first = await one(prompts[0], 0.0)  # caches the system prompt
+            rest = await asyncio.gather(*(one(p, 0.003 * i) for i, p in enumerate(prompts[1:])))
+            runner = engine.core.runner
+            context = runner.mixed.context_replays
+            return [first, *rest], context, runner.mixed_replays
+        finally:
+            await engine.stop()
+
+    graphed, context, _ = asyncio.run(run(context_cuda_graphs=True))
+    eager, no_context, no_replays = asyncio.run(run(mixed_cuda_graphs=False))
+    assert context > 0 and no_context == 0 and no_replays == 0
+    assert all(len(o) == max_tokens for o in graphed)
+    agree = sum(g == e for g, e in zip(graphed, eager, strict=True))
+    assert agree >= len(prompts) // 2 + 1, (graphed, eager)

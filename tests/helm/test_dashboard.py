@@ -60,8 +60,31 @@ def test_dashboard_has_the_required_panels(dashboard_on: Rendered) -> None:
         "queue depth",
         "GPU busy",
         "KV cache usage",
+        "Prefix cache hit rate per tenant",
+        "Prefix cache hit rate per replica",
+        "Cached prompt tokens",
+        "evictions",
     ):
         assert needed in titles
+
+
+def test_tenant_hit_rate_divides_cached_by_served_prompt_tokens(dashboard_on: Rendered) -> None:
+    panel = next(
+        p for p in _dashboard(dashboard_on)["panels"] if p["title"] == "Prefix cache hit rate per tenant"
+    )
+    (expr,) = [t["expr"] for t in panel["targets"]]
+    cached, served = expr.split(" / ")
+    assert "fairlane_cached_prompt_tokens_total" in cached and "by (tenant)" in cached
+    assert "fairlane_prompt_tokens_total" in served and "by (tenant)" in served
+
+
+def test_panels_do_not_overlap(dashboard_on: Rendered) -> None:
+    cells = set()
+    for panel in _dashboard(dashboard_on)["panels"]:
+        g = panel["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, panel["title"]
+        cells |= mine
 
 
 def test_every_query_uses_exported_metrics_and_labels(dashboard_on: Rendered) -> None:

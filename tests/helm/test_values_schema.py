@@ -27,6 +27,7 @@ def test_good_values_pass(values: str | None) -> None:
         ({"head": {"rayStartParams": {"num-cpus": 0}}}, "/head/rayStartParams/num-cpus"),
         ({"head": {"resources": {"limits": {"cpu": "lots"}}}}, "/head/resources/limits/cpu"),
         ({"app": {"num_replicas": -1}}, "/app/num_replicas"),
+        ({"app": {"dispatch_policy": "lifo"}}, "/app/dispatch_policy"),
         ({"app": {"autoscaling": {"min_replicas": 0}}}, "/app/autoscaling/min_replicas"),
         ({"app": {"engine": {"modle": "x"}}}, "additional properties 'modle' not allowed"),
         ({"app": {"engine": {"mode": "turbo"}}}, "/app/engine/mode"),

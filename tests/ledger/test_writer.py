@@ -44,7 +44,7 @@ async def test_put_never_waits_and_rows_arrive_in_batches(dsn: str, tmp_path: Pa
     store = LedgerStore(dsn)
     try:
         assert await wait_for(lambda: _count(store, 2000))
-        assert writer.state == "ok" and not writer.pending and writer.spill.rows == 0
+        assert writer.state == "ok" and writer.pending_rows == 0 and writer.spill.rows == 0
     finally:
         await writer.close()
         await store.close()
@@ -86,7 +86,7 @@ async def test_an_outage_spills_and_every_row_lands_once(pg_dsn: str, tmp_path: 
         try:
             assert await wait_for(lambda: _count(store, sent)), (await store.count("app"), sent)
             assert await wait_for(_ok(writer))
-            assert writer.spill.rows == 0 and not writer.pending
+            assert writer.spill.rows == 0 and writer.pending_rows == 0
         finally:
             await store.close()
     finally:

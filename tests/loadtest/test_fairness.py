@@ -58,3 +58,16 @@ def test_max_service_gap_only_between_backlogged_tenants() -> None:
     assert report.jain_backlogged_mean == pytest.approx(100 / (2 * 68))  # (8+2)² / (2·(64+4))
     assert report.jain_overall == pytest.approx(100 / (2 * 68))
     assert report.backlogged == {"a": [True, True], "b": [True, False]}
+
+
+def test_only_tenants_of_one_class_and_weight_are_compared() -> None:
+    # a and b are busy through [0, 2) with very different service, but their classes differ (or
+    # their weights): fairness promises nothing between them, so no window is compared.
+    a = rec("a", 0.0, (0.5, 1.0, 1.5), prompt=2, end=2.0)
+    for b in (
+        rec("b", 0.0, (1.9,), prompt=0, end=2.0, sla="batch"),
+        rec("b", 0.0, (1.9,), prompt=0, end=2.0, weight=2),
+    ):
+        report = fairness_report([a, b], 0.0, 2.0, 2.0)
+        assert report.windows_compared == 0 and report.max_service_gap is None
+        assert "(SLA class, weight) group" in report.definition

@@ -147,3 +147,26 @@ async def test_small_cache_evicts_least_recently_freed_first(text_ids):
         assert cached == 0  # freed first: evicted first
     finally:
         await small.stop()
+
+
+async def test_waiting_tokens_count_the_uncached_prompt_and_the_answer_budget(engines, text_ids):
+    """What a replica reports as queued work (routing's ``waiting_tokens``) is in the routers' units:
+    a request whose prompt is mostly cached adds only its uncached tail and its answer budget, and
+    its share goes away once it produces. It used to add the whole prompt, so the replica holding a
+    conversation looked busiest exactly when the conversation's next turns would hit its cache."""
+    on, off = engines
+    prompt = text_ids[400:720]  # 320 tokens, 20 full blocks
+    await _run(on, prompt, GREEDY)  # now cached, short of the last token's block
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, n=2)
+    seen = []
+    for engine in (on, off):
+        stream = engine.generate([*prompt, 42], params, cache_scope="t")
+        first = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)  # the request is admitted and counted before its first output
+        seen.append(engine.waiting_tokens)
+        await first
+        assert engine.waiting_tokens == 0
+        async for _ in stream:
+            pass
+    cached_blocks = (len(prompt) + 1 - 1) // BLOCK
+    assert seen == [len(prompt) + 1 - cached_blocks * BLOCK + 8 * 2, len(prompt) + 1 + 8 * 2]

@@ -144,5 +144,5 @@ async def test_failing_step_ends_its_requests_and_the_loop_goes_on(engine):
 async def test_prompts_are_split_where_no_mixed_graph_would_run(engine):
     # keep_prompts_whole serves the mixed CUDA graphs; on the CPU nothing is graphed, so a prompt
     # fills whatever budget a step has left rather than waiting a step.
-    assert engine.config.keep_prompts_whole and not engine.core.runner.mixed_graphs
+    assert engine.config.keep_prompts_whole and not engine.core.runner.mixed.fresh
     assert engine.core.scheduler.keep_prompts_whole is False

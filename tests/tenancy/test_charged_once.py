@@ -20,9 +20,10 @@ LIMITS = LimitSpec(RPM, TPM, 10, daily_token_budget=100_000)
 
 
 class LostReply:
-    """A store's script whose next ``lose`` replies are lost after Redis ran it (a timeout)."""
+    """A store's script whose next ``lose`` replies are lost after Redis ran it (a timeout). The store
+    sends a timed-out call once more (``redis_calls``), so two lost replies reach its fallback."""
 
-    def __init__(self, script, lose: int = 1) -> None:
+    def __init__(self, script, lose: int = 2) -> None:
         self.script, self.lose = script, lose
 
     async def __call__(self, **kwargs):
@@ -67,13 +68,23 @@ async def test_a_repeated_acquire_charges_once(redis_url: str, redis_prefix: str
     assert (await memory.acquire("t", LIMITS, "r", 100)).state.requests_remaining == RPM - 1
 
 
+async def test_one_lost_reply_is_sent_again_and_charged_once(redis_url: str, redis_prefix: str) -> None:
+    store = make_store(redis_url, redis_prefix)
+    store._acquire = LostReply(store._acquire, lose=1)
+    result = await store.acquire("t", LIMITS, "req-1", 100)  # ran, reply lost, sent again: marked
+    assert result.admitted and result.backend == "redis" and not store.degraded
+    state = shared_state(redis_url, store)
+    assert state["requests"] == pytest.approx(1, abs=0.01) and state["slots"] == ["req-1"], state
+    await store.close()
+
+
 async def test_an_acquire_whose_reply_is_lost_is_charged_once_and_leaves_no_slot(
     redis_url: str, redis_prefix: str
 ) -> None:
     inner = make_store(redis_url, redis_prefix)
     store = ReconcilingStore(inner)
     inner._acquire = LostReply(inner._acquire)
-    result = await store.acquire("t", LIMITS, "req-1", 100)  # ran in Redis, then timed out
+    result = await store.acquire("t", LIMITS, "req-1", 100)  # ran in Redis, timed out twice
     assert result.admitted and result.backend == "local" and inner.degraded
     assert await store.probe() and not inner.degraded  # Redis answers: the local admission is debited
     state = shared_state(redis_url, inner)

@@ -1,8 +1,12 @@
 """Property tests of the fair queue, serving loop modelled as batches of capacity M tokens.
 
 Each round: requests arriving in that round are pushed; a batch is filled with ``pop_next(cap)``
-(``cap`` = M minus the sizes already in the batch, size = prompt + max_tokens); the batch then
-decodes one token per running request per step, charging each as produced, until all finish.
+(``cap`` = M minus the sizes already in the batch, size = prompt + max_tokens; each pop charges the
+reservation prompt + 2 × max_tokens); the batch then decodes one token per running request per
+step until all finish, and each request is settled (``settle``) when it ends: unproduced output
+refunded, cached prompt tokens at the configured discount. Service ``W`` counts what tenants
+receive: the prompt (cached tokens at the discount) when the batch starts, 2 per output token as
+produced.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class Req:
     max_tokens: int
     output: int
     round: int
+    cached: int = 0
 
 
 @dataclass
@@ -36,6 +41,7 @@ class Trace:
     requests: list[Req]
     l_in: int
     m: int
+    cached_cost: float = 0.1
     served: list[str] = field(default_factory=list)
     service: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     events: list[tuple[dict[str, int], dict[str, float], frozenset[str]]] = field(default_factory=list)
@@ -43,8 +49,13 @@ class Trace:
 
 @st.composite
 def traces(
-    draw: st.DrawFn, tiers: tuple[int, ...] = (1,), weights: tuple[float, ...] = (1.0,), max_round: int = 12
+    draw: st.DrawFn,
+    tiers: tuple[int, ...] = (1,),
+    weights: tuple[float, ...] = (1.0,),
+    max_round: int = 12,
+    exact: bool = False,
 ) -> Trace:
+    """``exact``: every request produces its max_tokens and nothing is cached (no refunds)."""
     l_in = draw(st.integers(1, 48))
     m = draw(st.integers(l_in + 16, 160))
     policies: dict[str, TenantPolicy] = {}
@@ -57,21 +68,18 @@ def traces(
     for tid in policies:
         for _ in range(draw(st.integers(1, 25))):
             max_tokens = draw(st.integers(1, 16))
-            reqs.append(
-                Req(
-                    tid,
-                    draw(st.integers(0, l_in)),
-                    max_tokens,
-                    draw(st.integers(0, max_tokens)),
-                    draw(st.integers(0, max_round)),
-                )
-            )
-    return Trace(policies, reqs, l_in, m)
+            prompt = draw(st.integers(0, l_in))
+            output = max_tokens if exact else draw(st.integers(0, max_tokens))
+            cached = 0 if exact else draw(st.integers(0, prompt))
+            reqs.append(Req(tid, prompt, max_tokens, output, draw(st.integers(0, max_round)), cached))
+    cached_cost = draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+    return Trace(policies, reqs, l_in, m, cached_cost)
 
 
 def run(trace: Trace, seconds_per_round: float = 0.4) -> FairQueue:
     clock = FakeClock(0.0)
-    q = FairQueue(trace.policies, FairShareSettings(max_queue_per_tenant=1000), clock)
+    settings = FairShareSettings(max_queue_per_tenant=1000, cached_prompt_token_cost=trace.cached_cost)
+    q = FairQueue(trace.policies, settings, clock)
     ids = itertools.count()
     by_id: dict[str, Req] = {}
     pending = sorted(trace.requests, key=lambda r: r.round)
@@ -93,16 +101,25 @@ def run(trace: Trace, seconds_per_round: float = 0.4) -> FairQueue:
             batch.append(item)
             cap -= item.size
             trace.served.append(item.request_id)
-            trace.service[item.tenant_id] += item.prompt_tokens
+            req = by_id[item.request_id]
+            trace.service[item.tenant_id] += req.prompt - (1 - trace.cached_cost) * req.cached
             record()
         left = {r.request_id: by_id[r.request_id].output for r in batch}
-        while any(left.values()):
-            for rid in [r for r, n in left.items() if n]:
-                left[rid] -= 1
-                tenant_id = by_id[rid].tenant
-                q.charge(tenant_id, 1)
-                trace.service[tenant_id] += 2
+        items = {r.request_id: r for r in batch}
+
+        def settle_finished(left: dict[str, int] = left, items: dict[str, QueuedRequest] = items) -> None:
+            for rid in [r for r, n in left.items() if n == 0]:
+                del left[rid]
+                q.settle(items[rid], by_id[rid].output, by_id[rid].cached)
                 record()
+
+        settle_finished()
+        while left:
+            for rid in list(left):
+                left[rid] -= 1
+                trace.service[by_id[rid].tenant] += 2
+                record()
+            settle_finished()
         clock.advance(seconds_per_round)
         if not pending and not len(q):
             return q
@@ -124,15 +141,18 @@ def max_gap_while_backlogged(trace: Trace, f: str, g: str) -> tuple[float, float
     return worst_service, worst_counter
 
 
-def check_same_tier_bound(trace: Trace) -> None:
-    bound = 2 * max(trace.l_in, 2 * trace.m)
+def check_same_tier_bound(trace: Trace, exact: bool = False) -> None:
+    """docs/tenancy.md: |c_f − c_g| <= 2(S + M)/w (2S/w without refunds), |ΔW_f − ΔW_g| <= 4S + 8M,
+    with S the largest request size and M the batch's token capacity."""
+    s = max(r.prompt + r.max_tokens for r in trace.requests)
+    refunds = 0 if exact else trace.m
     for f, g in itertools.combinations(trace.policies, 2):
         pf, pg = trace.policies[f], trace.policies[g]
         if pf.tier != pg.tier or pf.weight != pg.weight:
             continue
         service_gap, counter_gap = max_gap_while_backlogged(trace, f, g)
-        assert service_gap <= bound, (f, g, service_gap, bound)
-        assert counter_gap <= 2 * trace.m / pf.weight + 1e-9, (f, g, counter_gap)
+        assert service_gap <= 4 * s + 8 * trace.m + 1e-9, (f, g, service_gap)
+        assert counter_gap <= 2 * (s + refunds) / pf.weight + 1e-9, (f, g, counter_gap, s, exact)
 
 
 @SETTINGS
@@ -154,6 +174,13 @@ def test_bound_with_random_arrivals(trace: Trace) -> None:
 def test_bound_within_each_tier_despite_deadline_jumps(trace: Trace) -> None:
     run(trace, seconds_per_round=0.7)
     check_same_tier_bound(trace)
+
+
+@SETTINGS
+@given(traces(tiers=(0, 1, 2), max_round=12, exact=True))
+def test_without_refunds_counters_stay_within_one_request(trace: Trace) -> None:
+    run(trace, seconds_per_round=0.7)
+    check_same_tier_bound(trace, exact=True)
 
 
 @SETTINGS
@@ -208,3 +235,48 @@ def test_weighted_shares_converge_to_weights() -> None:
         assert abs(service[t] / total - w / sum(weights.values())) < 0.01, (t, service)
     normalized = [service[t] / w for t, w in weights.items()]
     assert max(normalized) - min(normalized) <= 2 * 2 * trace.m
+
+
+@SETTINGS
+@given(traces(tiers=(0, 1, 2), max_round=6), st.integers(1, 3), st.data())
+def test_eligible_pops_the_smallest_counter_of_its_tier_among_eligible(
+    trace: Trace, cap: int, data: st.DataObject
+) -> None:
+    """The dispatcher's per-tenant cap: tenants holding ``cap`` running requests are skipped; each
+    pop still goes to the smallest counter of its tier among eligible backlogged tenants (property
+    (S) of the proof, over the tenants that may take the slot), is charged its reservation, and
+    raises the tier floor; skipped requests are served later, none lost or doubled."""
+    clock = FakeClock(0.0)
+    q = FairQueue(trace.policies, FairShareSettings(max_queue_per_tenant=1000), clock)
+    ids = itertools.count()
+    for req in sorted(trace.requests, key=lambda r: r.round):
+        q.push(q.make_request(f"r{next(ids)}", req.tenant, req.prompt, req.max_tokens))
+    running: dict[str, list[QueuedRequest]] = defaultdict(list)
+    served: list[str] = []
+    while len(q) or any(running.values()):
+        clock.advance(data.draw(st.sampled_from([0.0, 0.3, 1.1])))
+        eligible = {t for t in trace.policies if len(running[t]) < cap}
+        snap = q.snapshot()
+        before = {t: s.counter for t, s in snap.tenants.items()}
+        item = q.pop_next(eligible=eligible.__contains__)
+        if item is None:
+            assert all(not snap.tenants[t].queued for t in eligible if t in snap.tenants)
+        else:
+            tier = trace.policies[item.tenant_id].tier
+            rivals = [
+                c
+                for t, c in before.items()
+                if t in eligible and snap.tenants[t].queued and trace.policies[t].tier == tier
+            ]
+            assert item.tenant_id in eligible and before[item.tenant_id] == min(rivals)
+            assert q._tiers[tier].floor >= before[item.tenant_id]
+            reserved = (item.prompt_tokens + 2 * item.max_tokens) / trace.policies[item.tenant_id].weight
+            assert abs(q.counter(item.tenant_id) - before[item.tenant_id] - reserved) < 1e-9
+            running[item.tenant_id].append(item)
+            served.append(item.request_id)
+        if item is None or data.draw(st.booleans()):  # a running request ends
+            busy = [t for t, rs in running.items() if rs]
+            if busy:
+                done = running[data.draw(st.sampled_from(sorted(busy)))].pop(0)
+                q.settle(done, data.draw(st.integers(0, done.max_tokens)))
+    assert len(served) == len(set(served)) == len(trace.requests)

@@ -162,3 +162,24 @@ async def test_unreachable_from_the_start_never_blocks_long() -> None:
     assert s.degraded and {lease.backend for lease in leases} == {"local"}
     assert await s.probe() is False
     await s.close()
+
+
+async def test_probe_loads_the_scripts_a_restarted_redis_lost() -> None:
+    """A fresh or restarted Redis has no scripts: the probe (also the router's warm-up) sends them, so
+    the first acquires after it take one round trip, not three (NOSCRIPT, SCRIPT LOAD, EVALSHA)."""
+    server = RedisProcess().start()
+    s = store(server.url, "scripts", FakeClock())
+    plain = redis.Redis.from_url(server.url)
+    shas = [script.sha for script in (s._acquire, s._release, s._renew, s._debit)]
+    try:
+        assert await s.probe()
+        assert plain.script_exists(*shas) == [True] * 4
+        server.kill()
+        server.start()
+        assert plain.script_exists(*shas) == [False] * 4
+        assert await s.probe()
+        assert plain.script_exists(*shas) == [True] * 4 and not s.degraded
+    finally:
+        plain.close()
+        server.kill()
+        await s.close()

@@ -27,8 +27,8 @@ async def test_service_on_one_router_counts_on_the_other(redis_url: str, redis_p
     router_a, router_b = _queue(), _queue()
     share_a, share_b = SharedCounters(client, redis_prefix), SharedCounters(client, redis_prefix)
     _push(router_a, "alice", "a1", prompt=300)
-    assert router_a.pop_next().request_id == "a1"
-    router_a.charge("alice", 50)  # alice: 300 in + 50 out x 2 = 400 on router A
+    assert router_a.pop_next().request_id == "a1"  # alice: 300 in + 10 out x 2 reserved = 320
+    router_a.charge("alice", 40)  # 40 output tokens charged beyond it: 400 on router A
     # Both tenants are backlogged on router B; alice's request came first.
     _push(router_b, "alice", "a2")
     _push(router_b, "bob", "b1")
@@ -37,8 +37,9 @@ async def test_service_on_one_router_counts_on_the_other(redis_url: str, redis_p
     assert await share_b.sync(router_b)
     assert router_b.counter("alice") == 400.0
     # After the sync router B knows alice was served elsewhere and serves bob first.
-    assert router_b.pop_next().request_id == "b1"
-    router_b.charge("bob", 10)  # bob: (100 + 20) / weight 2 = 60
+    b1 = router_b.pop_next()
+    assert b1.request_id == "b1"  # bob: (100 + 20) / weight 2 = 60 reserved
+    router_b.settle(b1, output_tokens=10)  # it used all of it: nothing refunded
     assert await share_b.sync(router_b)
     assert await share_a.sync(router_a)
     assert router_a.counter("bob") == 60.0
@@ -51,8 +52,8 @@ async def test_redis_outage_keeps_the_growth_for_later() -> None:
     client = Redis.from_url(server.url, socket_timeout=0.05, socket_connect_timeout=0.05)
     router, other = _queue(), _queue()
     share, share_other = SharedCounters(client, "outage"), SharedCounters(client, "outage")
-    _push(router, "alice", "a1", prompt=70)
-    router.pop_next()
+    _push(router, "alice", "a1", prompt=50)
+    router.pop_next()  # 50 + 2 × 10 reserved
     server.kill()
     assert not await share.sync(router)
     assert share.degraded
@@ -71,8 +72,8 @@ async def test_a_sync_whose_reply_is_lost_counts_once(redis_url: str, redis_pref
     client = Redis.from_url(redis_url)
     router, other = _queue(), _queue()
     share, share_other = SharedCounters(client, redis_prefix), SharedCounters(client, redis_prefix)
-    _push(router, "alice", "a1", prompt=70)
-    router.pop_next()  # alice: 70 on this router
+    _push(router, "alice", "a1", prompt=50)
+    router.pop_next()  # alice: 50 + 2 × 10 = 70 on this router
     exchange = share._exchange
 
     async def reply_lost(mine: dict[str, float]) -> dict[str, float]:
@@ -82,7 +83,7 @@ async def test_a_sync_whose_reply_is_lost_counts_once(redis_url: str, redis_pref
     share._exchange = reply_lost
     assert not await share.sync(router)
     share._exchange = exchange
-    _push(router, "alice", "a2", prompt=30)
+    _push(router, "alice", "a2", prompt=10)
     router.pop_next()  # 30 more while the first batch is unconfirmed
     assert await share.sync(router)  # the first batch again (not applied twice), then the 30
     assert await share.sync(router)

@@ -150,6 +150,9 @@ applications:
     import_path: cluster.app:build_app
     args:
       {{- include "fairlane.appArgs" . | nindent 6 }}
+    {{- if .Values.app.direct_ingress }}
+    {{- include "fairlane.router.deployments" . | nindent 4 }}
+    {{- end }}
 {{- end }}
 
 {{/* ---------- Checks that JSON schema cannot express ---------- */}}
@@ -178,6 +181,9 @@ applications:
 {{- include "fairlane.validateModels" . }}
 {{- if and (gt (int .Values.app.num_routers) 1) (not (include "fairlane.redis.configured" .)) }}
 {{- fail "app.num_routers > 1 needs Redis for shared quota state: set redis.enabled or externalRedis.host" }}
+{{- end }}
+{{- if and .Values.app.direct_ingress (hasKey (.Values.head.rayStartParams | default dict) "resources") }}
+{{- fail "head.rayStartParams.resources: with app.direct_ingress the chart sets the head's resources (the routers' fairlane_router units)" }}
 {{- end }}
 {{- if and .Values.gcsFaultTolerance.enabled (not (include "fairlane.redis.configured" .)) }}
 {{- fail "gcsFaultTolerance.enabled needs Redis: set redis.enabled or externalRedis.host" }}

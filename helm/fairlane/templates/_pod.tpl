@@ -4,6 +4,7 @@
 {{- /* Read by Serve's proxy when it starts: it calls the routers over gRPC (app.proxy_grpc). */}}
 - name: RAY_SERVE_PROXY_USE_GRPC
   value: {{ ternary "1" "0" (ne .Values.app.proxy_grpc false) | quote }}
+{{ include "fairlane.router.env" . }}
 {{- if include "fairlane.redis.secretName" . }}
 - name: FAIRLANE_REDIS_PASSWORD
   valueFrom:

@@ -1,0 +1,98 @@
+"""Sizes, times and traces of the dispatch-policy benchmark (``bench.policy_run``, issue 23)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.cluster_plan import CONFIGS, with_answer_scale
+from loadtest.capacity import load_scale
+from loadtest.scenario import Scenario, load_scenario
+from tenancy import DISPATCH_POLICIES
+
+NOISY_SCENARIO = "noisy-neighbour-pairs"
+# The tenants each scenario floods with: the solo run is the same trace without them.
+NOISY_TENANTS = {"noisy-neighbour-pairs": ("carol", "erin"), "noisy-neighbour": ("carol",)}
+SOLO = "solo"
+
+
+@dataclass(frozen=True)
+class PolicyPlan:
+    """Sizes and times of one run; every scenario runs at ``load_factor`` × ``capacity_tps``."""
+
+    config: Path
+    capacity_tps: float  # the cluster's output tok/s with the sampling mix (an earlier sweep's)
+    budget_s: float  # the whole run, cluster start included; a run that no longer fits is skipped
+    duration_s: float  # seconds of load per scenario run (the scenario's warm-up keeps its share)
+    drain_s: float  # seconds a run's requests get to end after its load; then they are cancelled
+    answer_scale: float  # answer lengths × this (GPU: answers a GPU serves, tens of requests/s)
+    window_s: float  # fairness window (Jain, service gap)
+    policies: tuple[str, ...] = ("fairlane", "vtc", "fcfs")
+    scenarios: tuple[str, ...] = (NOISY_SCENARIO, "mixed-sla")
+    load_factor: float = 1.5
+    max_in_flight: int = 4096
+    # Budget guesses for what is still to come.
+    redeploy_estimate_s: float = 60.0  # new routers and replica (the model loads again)
+    settle_s: float = 10.0  # between runs, at most: until the router holds nothing (wait_idle)
+    stop_estimate_s: float = 15.0
+
+    def run_s(self) -> float:
+        """A run's budget guess: load, drain, and a few seconds to settle and summarize."""
+        return self.duration_s + self.drain_s + 5.0
+
+    def ordered_policies(self) -> tuple[str, ...]:
+        """fairlane first (its cluster start serves the solo run too and the targets are its)."""
+        return tuple(sorted(self.policies, key=lambda p: p != "fairlane"))
+
+
+GPU = PolicyPlan(
+    config=CONFIGS / "gpu-8b.yaml",
+    capacity_tps=13839.0,
+    budget_s=540.0,
+    duration_s=40.0,
+    drain_s=8.0,
+    answer_scale=20.0,  # 480-token answers: noisy-neighbour-pairs at 1.5x sends ~43 requests/s
+    window_s=5.0,
+)
+# SmolLM2 random weights on a 2-core CPU (max_num_seqs 4): about 20 output tokens per second.
+# Half-length answers give twice the requests (~2.5/s), so each tenant of the noisy scenario sends some.
+SMOKE = PolicyPlan(
+    config=CONFIGS / "cpu-smoke.yaml",
+    capacity_tps=20.0,
+    budget_s=600.0,
+    duration_s=15.0,
+    drain_s=8.0,
+    answer_scale=0.5,
+    window_s=3.0,
+    max_in_flight=256,
+    redeploy_estimate_s=30.0,
+)
+
+
+def check_names(policies: tuple[str, ...], scenarios: tuple[str, ...]) -> None:
+    bad = [p for p in policies if p not in DISPATCH_POLICIES]
+    if bad or not policies:
+        raise SystemExit(f"--policies {','.join(policies)!r}: some of {', '.join(DISPATCH_POLICIES)}")
+    for name in scenarios:
+        load_scenario(name)  # raises ScenarioError naming the shipped ones
+
+
+def at_capacity(name: str, plan: PolicyPlan, model: str) -> Scenario:
+    """Scenario ``name`` with the plan's answer lengths, offering ``load_factor`` × the capacity."""
+    base = with_answer_scale(load_scenario(name), plan.answer_scale)
+    sc = base.scaled(load_scale(base, plan.capacity_tps, plan.load_factor), plan.duration_s)
+    updates = {"model": model, "drain_timeout_s": plan.drain_s, "max_requests": 1_000_000}
+    return Scenario.model_validate(sc.model_dump() | updates | {"max_in_flight": plan.max_in_flight})
+
+
+def solo_of(scenario: Scenario) -> Scenario:
+    """The same trace without its noisy tenants: each tenant's arrivals and lengths come from its own
+    seeded stream (``loadtest.plan.tenant_rng``), so the quiet tenants send exactly the same requests."""
+    noisy = NOISY_TENANTS.get(scenario.name, ())
+    quiet = [t.model_dump() for t in scenario.tenants if t.id not in noisy]
+    return Scenario.model_validate(scenario.model_dump() | {"tenants": quiet})
+
+
+def quiet_tenants(scenario_name: str, tenants: list[str]) -> list[str]:
+    noisy = NOISY_TENANTS.get(scenario_name, ())
+    return [t for t in tenants if t not in noisy]

@@ -1,0 +1,153 @@
+"""Issue 23's targets for the dispatch-policy benchmark (``bench.policy_run``): figures and verdicts.
+
+From each run's load-generator summary (``loadtest.summary``):
+
+* noisy neighbour at 1.5× capacity: (a) the quiet tenants' TTFT p99 (their requests pooled) ≤ 1.25 ×
+  that of the solo run (the same quiet arrivals, noisy tenants removed, under ``fairlane``);
+  (b) interactive TTFT attainment ≥ 99% over the interactive tenants within their fair share;
+  (c) Jain's index ≥ 0.99 per window among the backlogged tenants of a (class, weight) group whose
+  tenants are all over their share (they have work waiting throughout; a within-share tenant's
+  outstanding requests follow its own arrivals, so its windows differ by demand): mean and minimum.
+* mixed-sla at 1.5× capacity: interactive SLA attainment ≥ 99%, and the batch class absorbs the
+  loss (its attainment at or below the interactive class's). Attainment here is over requests
+  offered (``attainment_all``: a refused or cancelled request misses).
+
+Every policy's figures are computed alike; the verdicts that the issue asks of ``fairlane`` are
+printed beside ``vtc``'s and ``fcfs``'s for comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from loadtest.metrics import percentiles, ttft
+from loadtest.records import RequestRecord
+
+TTFT_RATIO_MAX = 1.25
+ATTAINMENT_MIN = 0.99
+JAIN_MIN = 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One figure across policies: ``values[policy]`` and, for a target, ``met[policy]``."""
+
+    scenario: str
+    label: str
+    target: str  # "" for a figure shown for context
+    unit: str  # "s", "%", "x", "j" (an index), "tps"
+    values: dict[str, float | None] = field(default_factory=dict)
+    met: dict[str, bool | None] = field(default_factory=dict)
+
+
+def quiet_ttft_p99(records: Sequence[RequestRecord], quiet: Sequence[str]) -> float | None:
+    """TTFT p99 of the quiet tenants' measured successful requests, pooled."""
+    xs = [v for r in records if r.tenant in quiet and r.ok and not r.warmup if (v := ttft(r)) is not None]
+    return percentiles(xs, (99,))["p99"]
+
+
+def compact(summary: dict) -> dict:
+    """The summary's figures without its per-window arrays (those stay in the run's folder)."""
+    keep = ("meta", "requests_total", "requests_measured", "overall", "tenants", "classes",
+            "fair_share", "attainment_by_share", "errors", "cost")  # fmt: skip
+    f = summary["fairness"]
+    fairness = {k: v for k, v in f.items() if k not in ("edges", "service", "backlogged")}
+    return {k: summary[k] for k in keep if k in summary} | {"fairness": fairness}
+
+
+def _ge(v: float | None, bound: float) -> bool | None:
+    return None if v is None else v >= bound
+
+
+def over_share_jain(run: dict) -> tuple[float | None, float | None]:
+    """Jain mean and minimum over the groups whose tenants are all over their fair share."""
+    within = {t: v["within_share"] for t, v in run["fair_share"]["tenants"].items()}
+    groups = run["fairness"].get("groups", {}).values()
+    groups = [g for g in groups if not any(within.get(t, True) for t in g["tenants"])]
+    means = [g["jain_mean"] for g in groups if g["jain_mean"] is not None]
+    mins = [g["jain_min"] for g in groups if g["jain_min"] is not None]
+    return (min(means) if means else None, min(mins) if mins else None)
+
+
+def within_ttft_attainment(run: dict, cls: str = "interactive") -> float | None:
+    side = run.get("attainment_by_share", {}).get(cls, {}).get("within")
+    return None if side is None else side["ttft_attainment"]
+
+
+def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list[Row]:
+    """Targets (a)-(c) per policy; ``runs[policy]`` is ``compact(summary)`` + ``quiet_ttft_p99_s``."""
+    p99 = Row(name, "quiet tenants' TTFT p99", "", "s")
+    ratio = Row(name, "quiet TTFT p99 ÷ solo", f"≤ {TTFT_RATIO_MAX:g}×", "x")
+    att = Row(name, "interactive TTFT attainment, within share", f"≥ {ATTAINMENT_MIN:.0%}", "%")
+    jmean = Row(name, "Jain, backlogged over-share group (mean)", f"≥ {JAIN_MIN:g}", "j")
+    jmin = Row(name, "Jain, backlogged over-share group (min)", f"≥ {JAIN_MIN:g}", "j")
+    jall = Row(name, "Jain, every group of ≥ 2 incl. within-share (mean)", "", "j")
+    rows = [p99, ratio, att, jmean, jmin, jall]
+    for policy, run in runs.items():
+        q = run.get("quiet_ttft_p99_s")
+        p99.values[policy] = q
+        r = None if q is None or not solo_p99 else q / solo_p99
+        ratio.values[policy], ratio.met[policy] = r, None if r is None else r <= TTFT_RATIO_MAX
+        a = within_ttft_attainment(run)
+        att.values[policy], att.met[policy] = a, _ge(a, ATTAINMENT_MIN)
+        mean, least = over_share_jain(run)
+        jmean.values[policy], jmean.met[policy] = mean, _ge(mean, JAIN_MIN)
+        jmin.values[policy], jmin.met[policy] = least, _ge(least, JAIN_MIN)
+        jall.values[policy] = run["fairness"].get("jain_backlogged_mean")
+    return [*rows, *tenant_rows(name, runs)]
+
+
+def mixed_rows(name: str, runs: dict[str, dict]) -> list[Row]:
+    inter = Row(name, "interactive SLA attainment", f"≥ {ATTAINMENT_MIN:.0%}", "%")
+    inter_ttft = Row(name, "interactive TTFT attainment", "", "%")
+    batch = Row(name, "batch SLA attainment", "", "%")
+    absorbs = Row(name, "batch absorbs the loss (interactive met, batch ≤ interactive)", "yes", "")
+    for policy, run in runs.items():
+        classes = run["classes"]
+        i = classes.get("interactive", {}).get("attainment_all")
+        b = classes.get("batch", {}).get("attainment_all")
+        inter.values[policy], inter.met[policy] = i, _ge(i, ATTAINMENT_MIN)
+        inter_ttft.values[policy] = classes.get("interactive", {}).get("ttft_attainment")
+        batch.values[policy] = b
+        ok = None if i is None or b is None else i >= ATTAINMENT_MIN and b <= i
+        absorbs.met[policy] = ok
+    return [inter, inter_ttft, batch, absorbs, *tenant_rows(name, runs)]
+
+
+def tenant_rows(name: str, runs: dict[str, dict]) -> list[Row]:
+    """Context: each tenant's TTFT p99, SLA attainment (of offered) and output tok/s."""
+    tenants = sorted({t for run in runs.values() for t in run["tenants"]})
+    rows = []
+    for t in tenants:
+        share = next((r["tenants"][t].get("within_share") for r in runs.values() if t in r["tenants"]), None)
+        tag = {True: "within share", False: "over share"}.get(share, "")
+        lat = Row(name, f"{t} ({tag}) TTFT p99", "", "s")
+        att = Row(name, f"{t} SLA attainment", "", "%")
+        tps = Row(name, f"{t} output tok/s", "", "tps")
+        for policy, run in runs.items():
+            g = run["tenants"].get(t)
+            lat.values[policy] = None if g is None else g["ttft_s"]["p99"]
+            att.values[policy] = None if g is None else g["attainment_all"]
+            tps.values[policy] = None if g is None else g["output_throughput_tps"]
+        rows += [lat, att, tps]
+    return rows
+
+
+def target_rows(results: dict) -> list[Row]:
+    """All rows of the run's results: ``results["runs"][policy][scenario]`` and ``results["solo"]``."""
+    solo = results.get("solo", {}).get("quiet_ttft_p99_s")
+    by_scenario: dict[str, dict[str, dict]] = {}
+    for policy, per in results.get("runs", {}).items():
+        for name, run in per.items():
+            if "summary" in run:
+                by_scenario.setdefault(name, {})[policy] = run["summary"] | {
+                    "quiet_ttft_p99_s": run.get("quiet_ttft_p99_s")
+                }
+    rows: list[Row] = []
+    for name, per_policy in by_scenario.items():
+        if name.startswith("noisy-neighbour"):
+            rows += noisy_rows(name, per_policy, solo)
+        else:
+            rows += mixed_rows(name, per_policy)
+    return rows

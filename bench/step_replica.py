@@ -1,0 +1,103 @@
+"""A stand-in replica deployment without a model: a step every ``tpot_s`` gives each running request
+the tokens due by then (token k at k + 1 TPOTs after it arrived), as an engine's decode step does for
+its batch; the per-request schedule means a late step catches up instead of shifting every token.
+
+Outputs leave as ``ReplicaServer``'s do: over the Serve stream (``generate``, at most one item per
+``coalesce_s``, the first and the last at once) or on the router's stream channel
+(``generate_channel``). Token k of a request is the word ``w{1000 + k}``, so a client can check that
+every token arrived in order, once, and when it was due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from cluster.serving.stream_channel import ChannelSet
+from cluster.serving.wire import GenerateArgs
+
+FIRST_TOKEN_ID = 1000
+
+
+class _Sequence:
+    """Token k is due k + 1 steps after the request arrived; a late step catches up."""
+
+    __slots__ = ("produced", "ready", "start", "wanted")
+
+    def __init__(self, wanted: int, start: float) -> None:
+        self.wanted = wanted
+        self.start = start
+        self.produced = 0
+        self.ready = asyncio.Event()
+
+
+class StepReplica:
+    def __init__(self, tpot_s: float, max_model_len: int = 4096) -> None:
+        self._tpot = tpot_s
+        self._max_len = max_model_len
+        self._running: dict[str, _Sequence] = {}
+        self._stepper: asyncio.Task | None = None
+        self._channels = ChannelSet()
+
+    async def generate_channel(self, args: GenerateArgs) -> dict[str, Any]:
+        return await self._channels.forward(args, self.generate(args))
+
+    async def generate(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
+        wanted = int(args.sampling["max_tokens"])
+        seq = self._running[args.request_id] = _Sequence(wanted, asyncio.get_running_loop().time())
+        if self._stepper is None:
+            self._stepper = asyncio.get_running_loop().create_task(self._steps())
+        sent, last = 0, 0.0
+        try:
+            while sent < wanted:
+                await seq.ready.wait()
+                seq.ready.clear()
+                now = time.monotonic()
+                if sent == 0 or seq.produced == wanted or now - last >= args.coalesce_s:
+                    yield _item(args, sent, seq.produced, wanted)
+                    sent, last = seq.produced, now
+        finally:
+            self._running.pop(args.request_id, None)
+
+    async def _steps(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._running:
+            await asyncio.sleep(self._tpot)
+            now = loop.time()
+            for seq in self._running.values():
+                due = min(seq.wanted, int((now - seq.start) / self._tpot))
+                if due > seq.produced:
+                    seq.produced = due
+                    seq.ready.set()
+        self._stepper = None
+
+    def load(self) -> dict[str, Any]:
+        return {"replica_id": "step", "running": len(self._running), "waiting": 0, "waiting_tokens": 0}
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        running = len(self._running)
+        return {"kv_blocks_free": 1 << 20, "waiting": 0, "waiting_tokens": 0, "running": running}
+
+    def profile(self) -> dict[str, Any]:
+        return {"replica_id": "step"}
+
+    def info(self) -> dict[str, Any]:
+        return {"replica_id": "step", "max_model_len": self._max_len, "kv_capacity_tokens": 1 << 20}
+
+
+def _item(args: GenerateArgs, sent: int, upto: int, wanted: int) -> dict[str, Any]:
+    ids = list(range(FIRST_TOKEN_ID + sent, FIRST_TOKEN_ID + upto))
+    return {
+        "request_id": args.request_id,
+        "index": 0,
+        "token_ids": ids,
+        "text": "".join(f" w{t}" for t in ids),
+        "finish_reason": "length" if upto == wanted else None,
+        "num_prompt_tokens": len(args.prompt_ids),
+        "num_output_tokens": upto,
+        "total_output_tokens": upto,
+        "done": upto == wanted,
+        "replica_id": "step",
+    }

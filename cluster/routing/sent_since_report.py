@@ -1,0 +1,81 @@
+"""Requests a router sent to each replica that the replica's last report does not count yet.
+
+Serve runs one ``choose_replicas`` per request; a burst runs many of them in one event-loop tick,
+before any send updates Serve's queue-length cache or any report arrives, so every choice saw the
+same numbers and the whole burst went to one replica. Each choice now adds its request's tokens to
+the replica it picked, at once (an optimistic increment), and stops counting them once a report made
+after the send is read (that report counts the request itself); they are dropped after ``FORGET_S``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+FORGET_S = 5.0  # a replica that stops reporting: its old sends stop weighing on it
+
+
+@dataclass(slots=True)
+class _Sent:
+    tokens: float
+    at: float  # wall clock, compared with the replica's reported_at (same host or NTP-close)
+
+
+class SentSinceReport:
+    """Kept per replica, so a choice reads only its candidates' recent sends (a few dozen each)."""
+
+    def __init__(self, clock=time.time) -> None:
+        self._clock = clock
+        # replica id -> request id -> send, in the order sent (O(1) to drop from the front)
+        self._by_replica: dict[str, OrderedDict[str, _Sent]] = {}
+        self._replica_of: dict[str, str] = {}  # request id -> the replica its latest choice named
+
+    def chose(self, request_id: str, replica_id: str, tokens: float) -> None:
+        """A choice for ``request_id`` (a later one for the same request replaces it)."""
+        self._drop(request_id)
+        self._by_replica.setdefault(replica_id, OrderedDict())[request_id] = _Sent(tokens, self._clock())
+        self._replica_of[request_id] = replica_id
+
+    def replica_of(self, request_id: str) -> str | None:
+        """The replica the request's latest choice named (None: forgotten or never chosen)."""
+        return self._replica_of.get(request_id)
+
+    def routed(self, request_id: str, replica_id: str) -> None:
+        """Serve sent the request to ``replica_id`` (maybe not the first choice: it was full)."""
+        previous = self._replica_of.get(request_id)
+        if previous is None or previous == replica_id:
+            return
+        sent = self._by_replica.get(previous, {}).pop(request_id, None)
+        if sent is not None:
+            self._by_replica.setdefault(replica_id, OrderedDict())[request_id] = sent
+            self._replica_of[request_id] = replica_id
+
+    def tokens(self, replica_id: str, reported_at: float | None) -> float:
+        """Tokens sent to the replica after its report of ``reported_at`` (None: no report yet).
+        Sends older than ``FORGET_S`` are dropped from the front (kept in the order they were made),
+        not found by a scan of every send. A send the report counts stays until then: Serve may
+        still route its request elsewhere (``routed`` moves it, and the prefix it will hold)."""
+        sends = self._by_replica.get(replica_id)
+        if not sends:
+            return 0.0
+        now = self._clock()
+        while sends:
+            request_id = next(iter(sends))
+            if now - sends[request_id].at <= FORGET_S:
+                break
+            del sends[request_id]
+            self._replica_of.pop(request_id, None)
+        since = reported_at if reported_at is not None else float("-inf")
+        # A moved send may sit behind newer ones: it is left out here once stale.
+        return sum(s.tokens for s in sends.values() if s.at > since and now - s.at <= FORGET_S)
+
+    def forget_replicas(self, live: set[str]) -> None:
+        for gone in set(self._by_replica) - live:
+            for request_id in self._by_replica.pop(gone):
+                self._replica_of.pop(request_id, None)
+
+    def _drop(self, request_id: str) -> None:
+        replica_id = self._replica_of.pop(request_id, None)
+        if replica_id is not None:
+            self._by_replica.get(replica_id, {}).pop(request_id, None)

@@ -1,0 +1,49 @@
+{{/* Serve's direct ingress (app.direct_ingress): each router serves HTTP on a port of the head pod.
+
+Serve 2.60 gives a node's routers the lowest free ports from 30000 (RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT),
+one each. The chart makes those ports known in advance: the routers are pinned to the head pod by a custom
+Ray resource with one unit per router (so a replacement router starts only once the one it replaces has
+stopped, and takes its port back: the pods set RAY_SERVE_PORT_QUARANTINE_S=0, Serve's hold on a freed port
+being for HAProxy, which fairlane does not run). Router n listens on 30000 + n. */}}
+
+{{- define "fairlane.router.firstPort" -}}30000{{- end }}
+
+{{/* The routers' deployment name: ROUTER_DEPLOYMENT in cluster/edge/ingress.py. */}}
+{{- define "fairlane.router.deployment" -}}Router{{- end }}
+
+{{/* The custom Ray resource of the head pod that the routers ask for, one unit each. */}}
+{{- define "fairlane.router.resource" -}}fairlane_router{{- end }}
+
+{{/* Read by every Ray process when it starts (Serve's controller and each router). */}}
+{{- define "fairlane.router.env" -}}
+- name: RAY_SERVE_ENABLE_DIRECT_INGRESS
+  value: {{ ternary "1" "0" (eq .Values.app.direct_ingress true) | quote }}
+{{- if .Values.app.direct_ingress }}
+- name: RAY_SERVE_PORT_QUARANTINE_S
+  value: "0"
+{{- end }}
+{{- end }}
+
+{{/* The head's ray start resources: KubeRay's quoted-JSON form of --resources. */}}
+{{- define "fairlane.router.headResources" -}}
+{{ printf "\"{\\\"%s\\\": %d}\"" (include "fairlane.router.resource" .) (int .Values.app.num_routers) | squote }}
+{{- end }}
+
+{{/* The head container's router ports, router-0 ... router-(num_routers - 1). */}}
+{{- define "fairlane.router.containerPorts" -}}
+{{- $first := int (include "fairlane.router.firstPort" .) }}
+{{- range $i := until (int .Values.app.num_routers) }}
+- name: router-{{ $i }}
+  containerPort: {{ add $first $i }}
+{{- end }}
+{{- end }}
+
+{{/* serveConfigV2's override of the router deployment: on the head pod, still no CPU reserved. */}}
+{{- define "fairlane.router.deployments" -}}
+deployments:
+  - name: {{ include "fairlane.router.deployment" . }}
+    ray_actor_options:
+      num_cpus: 0
+      resources:
+        {{ include "fairlane.router.resource" . }}: 1
+{{- end }}

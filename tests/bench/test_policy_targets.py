@@ -1,0 +1,110 @@
+"""The dispatch-policy benchmark's targets, table and plan (bench/policy_*.py), on hand-made figures."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from bench.policy_plan import GPU, at_capacity, solo_of
+from bench.policy_run import parser, pick_plan
+from bench.policy_table import cell, policy_table
+from bench.policy_targets import mixed_rows, noisy_rows, over_share_jain, quiet_ttft_p99, target_rows
+from loadtest.capacity import offered_output_tps
+from loadtest.plan import build_open_plan
+from tests.loadtest.trace import rec
+
+
+def tenant(cls: str, within: bool, p99: float = 0.5, att: float = 1.0) -> dict:
+    return {"sla_class": cls, "within_share": within, "ttft_s": {"p99": p99}, "attainment_all": att,
+            "output_throughput_tps": 100.0}  # fmt: skip
+
+
+def noisy_run(quiet_p99: float, within_ttft: float, jains: tuple[float, float]) -> dict:
+    """A compact summary: alice/dave within share (interactive), carol/erin over (batch)."""
+    within = {"alice": True, "dave": True, "carol": False, "erin": False}
+    groups = {
+        "batch/w1": {"tenants": ["carol", "erin"], "jain_mean": jains[0], "jain_min": jains[1]},
+        "interactive/w2": {"tenants": ["alice", "dave"], "jain_mean": 0.5, "jain_min": 0.1},
+    }
+    return {
+        "tenants": {t: tenant("batch" if not w else "interactive", w) for t, w in within.items()},
+        "fair_share": {"tenants": {t: {"within_share": w} for t, w in within.items()}},
+        "fairness": {"groups": groups, "jain_backlogged_mean": 0.7},
+        "attainment_by_share": {"interactive": {"within": {"ttft_attainment": within_ttft}}},
+        "quiet_ttft_p99_s": quiet_p99,
+    }
+
+
+def test_noisy_targets_per_policy() -> None:
+    runs = {"fairlane": noisy_run(0.6, 1.0, (0.995, 0.991)), "fcfs": noisy_run(3.0, 0.5, (0.999, 0.98))}
+    rows = {r.label: r for r in noisy_rows("nn", runs, solo_p99=0.5)}
+    ratio = rows["quiet TTFT p99 ÷ solo"]
+    assert ratio.values == pytest.approx({"fairlane": 1.2, "fcfs": 6.0})
+    assert ratio.met == {"fairlane": True, "fcfs": False}
+    assert rows["interactive TTFT attainment, within share"].met == {"fairlane": True, "fcfs": False}
+    # Jain over the over-share group only (the quiet pair's 0.5 is their own demand's).
+    assert rows["Jain, backlogged over-share group (mean)"].met == {"fairlane": True, "fcfs": True}
+    assert rows["Jain, backlogged over-share group (min)"].values["fcfs"] == pytest.approx(0.98)
+    assert rows["Jain, backlogged over-share group (min)"].met == {"fairlane": True, "fcfs": False}
+    assert over_share_jain(runs["fairlane"]) == (0.995, 0.991)
+    assert rows["Jain, every group of ≥ 2 incl. within-share (mean)"].met == {}  # context only
+
+
+def test_noisy_targets_without_solo_or_groups_are_undecided() -> None:
+    run = noisy_run(0.6, 1.0, (0.995, 0.991)) | {"fairness": {"groups": {}}}
+    rows = {r.label: r for r in noisy_rows("nn", {"fairlane": run}, solo_p99=None)}
+    assert rows["quiet TTFT p99 ÷ solo"].met == {"fairlane": None}
+    assert rows["Jain, backlogged over-share group (mean)"].met == {"fairlane": None}
+
+
+def test_mixed_sla_interactive_met_and_batch_absorbs() -> None:
+    def run(i: float, b: float) -> dict:
+        return {"classes": {"interactive": {"attainment_all": i, "ttft_attainment": i},
+                            "batch": {"attainment_all": b}}, "tenants": {}}  # fmt: skip
+
+    rows = {r.label: r for r in mixed_rows("m", {"fairlane": run(0.995, 0.6), "fcfs": run(0.7, 0.9)})}
+    assert rows["interactive SLA attainment"].met == {"fairlane": True, "fcfs": False}
+    absorbs = rows["batch absorbs the loss (interactive met, batch ≤ interactive)"]
+    assert absorbs.met == {"fairlane": True, "fcfs": False}
+
+
+def test_table_prints_every_policy_with_met_or_missed() -> None:
+    results = {
+        "policies_run": ["fairlane", "fcfs"],
+        "runs": {"fairlane": {"noisy-neighbour-pairs": {"summary": noisy_run(0.6, 1.0, (0.995, 0.991)),
+                                                        "quiet_ttft_p99_s": 0.6}},
+                 "fcfs": {"noisy-neighbour-pairs": {"skipped": "10s of the budget left"}}},
+        "solo": {"quiet_ttft_p99_s": 0.5},
+        "notes": ["fcfs/noisy-neighbour-pairs: skipped, 10s of the budget left"],
+    }  # fmt: skip
+    assert len(target_rows(results)) == 6 + 3 * 4
+    console = Console(width=200, record=True)
+    console.print(policy_table(results))
+    text = console.export_text()
+    assert "1.20× met" in text and "fcfs" in text and "skipped" in text
+    assert cell(None, "%", None) == "-" and cell(0.5, "%", False) == "50.0% missed"
+
+
+def test_quiet_ttft_p99_pools_quiet_tenants_and_skips_warmup() -> None:
+    a, b, noisy = rec("a", 0.0, (0.1,)), rec("b", 0.0, (0.3,)), rec("carol", 0.0, (9.0,))
+    warm = rec("a", 0.0, (5.0,))
+    warm.warmup = True
+    assert quiet_ttft_p99([a, b, noisy, warm], ["a", "b"]) == pytest.approx(0.1 + 0.99 * 0.2)
+
+
+def test_scenarios_offer_the_load_factor_and_solo_keeps_the_quiet_arrivals() -> None:
+    sc = at_capacity("noisy-neighbour-pairs", GPU, "llama-3.1-8b")
+    assert offered_output_tps(sc) == pytest.approx(1.5 * 13839.0)
+    assert sc.duration_s == GPU.duration_s and sc.tenants[0].output.tokens == 24 * 20
+    solo = solo_of(sc)
+    assert [t.id for t in solo.tenants] == ["alice", "dave", "bob"]
+    quiet = [(p.tenant, p.at, p.max_tokens) for p in build_open_plan(sc) if p.tenant not in ("carol", "erin")]
+    assert quiet == [(p.tenant, p.at, p.max_tokens) for p in build_open_plan(solo)]
+
+
+def test_options_make_the_plan() -> None:
+    args = parser().parse_args(["--out", "x", "--policies", "fcfs,fairlane", "--capacity-tps", "1000"])
+    plan = pick_plan(args)
+    assert plan.ordered_policies() == ("fairlane", "fcfs") and plan.capacity_tps == 1000.0
+    with pytest.raises(SystemExit):
+        pick_plan(parser().parse_args(["--out", "x", "--policies", "lifo"]))

@@ -1,0 +1,170 @@
+"""``fairlane serve --direct-ingress`` end to end: the router serves the OpenAI API on its own port.
+
+Serve reads RAY_SERVE_ENABLE_DIRECT_INGRESS once per process, when Ray starts, so the test cannot
+use the session's shared Ray: ``fairlane serve`` runs as a subprocess with a Ray of its own (no
+``RAY_ADDRESS``, a private temp dir, as in ``tests/faults/test_drain_process.py``), and the marker
+runs it before the shared Ray starts. The real ``openai`` client talks to the URL the command
+prints; the proxy's port keeps answering too, and SIGTERM still ends the process promptly (a
+direct-ingress router's 30 s minimum drain does not hold up the exit of a Ray we started).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from cluster.ops.direct_ingress import FIRST_PORT, LAST_PORT
+from tenancy import DEMO_KEYS
+from tests.faults.fault_helpers import MODEL, wait_for
+from tests.redis_server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 150.0  # a Ray of its own + Serve + SmolLM2 on a busy 2-core box
+EXIT_TIMEOUT_S = 30.0
+ROUTER_LINE = re.compile(r"router \(direct ingress, no proxy hop\) at (http://[\d.]+:(\d+))/v1")
+QUESTION = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    """``fairlane serve --direct-ingress`` in its own session and Ray; killed as a group at the end."""
+    port = free_port()
+    config = {
+        "engine": {"device": "cpu", "kv_cache_tokens": 2048, "max_num_seqs": 2},
+        "replica_num_cpus": 0.5,
+        "replica_room": 2,
+        "drain_timeout_s": 5.0,
+        "port": port,
+    }
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump(config))
+    ray_tmp = tempfile.mkdtemp(prefix="fl-di-", dir="/tmp")  # short: Ray's socket paths have a limit
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_SERVE_"))}
+    env |= {"RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(REPO)}
+    log = tmp_path / "serve.log"
+    fairlane = str(Path(sys.executable).with_name("fairlane"))
+    cmd = [fairlane, "serve", "--config", str(tmp_path / "app.yaml"), "--direct-ingress"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield proc, port, log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _health(url: str) -> str:
+    return httpx.get(f"{url}/health", timeout=10).json()["status"]
+
+
+def _router_url(log: Path) -> str | None:
+    match = ROUTER_LINE.search(log.read_text(errors="replace"))
+    return match.group(1) if match else None
+
+
+@pytest.mark.own_ray  # before the session's shared Ray starts: one Ray on the box at a time
+def test_the_router_answers_on_its_own_port(served: tuple[subprocess.Popen[bytes], int, Path]) -> None:
+    proc, proxy_port, log = served
+    assert wait_for(lambda: _router_url(log) or proc.poll() is not None, timeout_s=START_TIMEOUT_S)
+    url = _router_url(log)
+    assert url is not None, log.read_text()[-3000:]
+    router_port = int(url.rsplit(":", 1)[1])
+    assert FIRST_PORT <= router_port < LAST_PORT and router_port != proxy_port
+
+    # Serve's own health route on the router's port, and fairlane's.
+    assert httpx.get(f"{url}/-/healthz", timeout=10).text == "success"
+    # The router's first replica poll (load_poll_interval_s) may follow the printed URL by a moment:
+    # until then /health says no_replicas, as it does through the proxy.
+    assert wait_for(lambda: _health(url) == "ok", timeout_s=30), _health(url)
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=DEMO_KEYS["alice"], max_retries=0, timeout=60)
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    answer = plain.choices[0].message.content
+    assert answer and plain.usage.completion_tokens > 0
+
+    # Streamed: every chunk arrives, then the end; the text is the plain answer's (greedy).
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == answer
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens
+
+    # The proxy (head node) still routes to the same router.
+    proxied = httpx.post(
+        f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+        json={"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 0},
+        headers={"Authorization": f"Bearer {DEMO_KEYS['alice']}"},
+        timeout=60,
+    )
+    assert proxied.status_code == 200 and proxied.json()["choices"][0]["message"]["content"] == answer
+
+    # SIGTERM: drained (nothing in flight) and gone, Ray with it.
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=EXIT_TIMEOUT_S) == 0, log.read_text()[-3000:]
+    assert time.monotonic() - signalled < EXIT_TIMEOUT_S
+
+
+def test_a_ray_started_here_gets_the_variables_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cluster.ops.local_cluster import ray_env
+
+    monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", raising=False)
+    monkeypatch.delenv("RAY_SERVE_PORT_QUARANTINE_S", raising=False)
+    ray_env(proxy_grpc=None, direct_ingress=False)  # off: nothing set, an operator's own value stays
+    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ
+    ray_env(proxy_grpc=None, direct_ingress=True)
+    assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    assert os.environ["RAY_SERVE_PORT_QUARANTINE_S"] == "0"  # a restarted router takes its port back
+
+
+def test_router_urls_name_the_routers_not_the_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cluster.ops import direct_ingress
+
+    router = "SERVE_REPLICA::fairlane#Router"  # Serve's replica actor names
+
+    def group(app: str, protocol: str, *targets: tuple[str, int]) -> dict:
+        named = [{"ip": "10.0.0.7", "port": p, "instance_id": "", "name": n} for n, p in targets]
+        return {"app_name": app, "protocol": protocol, "route_prefix": "/", "targets": named}
+
+    details = {
+        "target_groups": [
+            group("fairlane", "HTTP", (f"{router}#b", 30001), (f"{router}#a", 30000)),
+            group("fairlane", "GRPC", (f"{router}#a", 40000)),
+            group("other", "HTTP", ("SERVE_REPLICA::other#Router#c", 30002)),
+            group("proxied", "HTTP", ("SERVE_PROXY_ACTOR-node", 8000)),
+        ]
+    }  # fmt: skip
+
+    class Client:
+        def get_serve_details(self) -> dict:
+            return details
+
+    monkeypatch.setattr(direct_ingress, "_get_global_client", Client)
+    local = ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+    assert direct_ingress.router_urls("fairlane", "127.0.0.1") == local  # bound to loopback: reached there
+    assert direct_ingress.router_urls("fairlane", "0.0.0.0") == [
+        "http://10.0.0.7:30000",
+        "http://10.0.0.7:30001",
+    ]
+    assert direct_ingress.router_urls("proxied", "0.0.0.0") == []  # direct ingress off: proxies only

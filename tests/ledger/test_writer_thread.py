@@ -1,0 +1,154 @@
+"""The ledger off the router's loop (issue 22): every database call of a router runs on the ledger's
+own thread, the router only queues rows, and the thread keeps every guarantee of the writer: the
+close writes all that was accepted, an outage spills and the spill is replayed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+
+from cluster.config import AppConfig
+from cluster.ledger import router_ledger
+from cluster.ledger.router_ledger import RouterLedger
+from cluster.ledger.rows import Pricing
+from cluster.ledger.schema import requests
+from cluster.ledger.spill import SpillFile
+from cluster.ledger.store import LedgerStore
+from cluster.ledger.writer import LedgerWriter, WriterSettings
+from tests.ledger.rows_factory import rows
+
+SLOW = WriterSettings(interval_s=60.0, batch_rows=100_000, retry_s=0.2)  # only a flush writes
+
+
+class ThreadSpy:
+    """Wraps a store's coroutine methods and notes the thread each call ran on."""
+
+    def __init__(self, store: LedgerStore, names: tuple[str, ...]) -> None:
+        self.threads: list[threading.Thread] = []
+        for name in names:
+            setattr(store, name, self._wrap(getattr(store, name)))
+
+    def _wrap(self, method):
+        async def spied(*args, **kwargs):
+            self.threads.append(threading.current_thread())
+            return await method(*args, **kwargs)
+
+        return spied
+
+
+async def _stored(dsn: str, app: str = "app") -> int:
+    store = LedgerStore(dsn)
+    try:
+        return await store.count(app)
+    finally:
+        await store.close()
+
+
+async def test_database_calls_run_on_the_ledger_thread_and_the_close_stores_every_row(
+    dsn: str, tmp_path: Path
+) -> None:
+    store = LedgerStore(dsn)
+    spy = ThreadSpy(store, ("migrate", "insert", "close"))
+    writer = LedgerWriter(store, SpillFile(tmp_path, "r1", 100_000), SLOW)
+    writer.start()
+    for r in rows(1500):
+        writer.put(r)  # the long interval: nothing is written until the close
+    assert writer.pending_rows == 1500
+    await writer.close()
+    loop_thread = threading.current_thread()
+    assert spy.threads and loop_thread not in spy.threads
+    assert {t.name for t in spy.threads} == {writer.thread.name}
+    assert not writer.thread.running
+    assert await _stored(dsn) == 1500
+    assert writer.pending_rows == 0 and writer.dropped == 0 and writer.written == 1500
+    assert not [p for p in tmp_path.glob("ledger-spill-*.jsonl") if p.stat().st_size]
+    await writer.close()  # a second close (a router stopped twice) does nothing
+
+
+async def test_a_failing_database_spills_and_the_thread_replays(sqlite_dsn: str, tmp_path: Path) -> None:
+    """Inserts fail for a while: the rows go to the spill file, /health's state (read from the
+    router's loop) says spilling, and once inserts succeed the spill file is replayed, once each."""
+    store = LedgerStore(sqlite_dsn)
+    real_insert = store.insert
+    failing = threading.Event()
+    failing.set()
+
+    async def insert(batch):
+        if failing.is_set():
+            raise ConnectionError("database away")
+        await real_insert(batch)
+
+    store.insert = insert  # type: ignore[method-assign]
+    writer = LedgerWriter(store, SpillFile(tmp_path, "r1", 100_000), SLOW)
+    writer.start()
+    try:
+        for r in rows(300, seed=1):
+            writer.put(r)
+        await writer.flush(force=True)
+        assert writer.spill.rows == 300 and writer.state == "spilling" and writer.write_errors == 1
+        for r in rows(200, seed=2):
+            writer.put(r)
+        failing.clear()
+        await asyncio.sleep(SLOW.retry_s)
+        await writer.flush()  # past the back-off: the spill file first, then the queue
+        assert writer.spill.rows == 0 and writer.state == "ok"
+        assert await _stored(sqlite_dsn) == 500
+    finally:
+        await writer.close()
+    assert await _stored(sqlite_dsn) == 500
+
+
+async def test_a_full_queue_drops_and_counts_without_blocking(sqlite_dsn: str, tmp_path: Path) -> None:
+    settings = WriterSettings(interval_s=60.0, batch_rows=100_000, queue_rows=50)
+    writer = LedgerWriter(LedgerStore(sqlite_dsn), SpillFile(tmp_path, "r1", 100_000), settings)
+    writer.start()
+    for r in rows(80):
+        writer.put(r)
+    assert writer.pending_rows == 50 and writer.dropped == 30
+    await writer.close()
+    assert await _stored(sqlite_dsn) == 50
+    writer.put(rows(1, seed=5)[0])  # after the close: refused, counted
+    assert writer.dropped == 31
+
+
+async def test_a_routers_reports_and_rollup_run_on_the_ledger_thread(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_threads: list[threading.Thread] = []
+    real_roll = router_ledger.roll_pending
+
+    async def roll(*args, **kwargs):
+        job_threads.append(threading.current_thread())
+        return await real_roll(*args, **kwargs)
+
+    monkeypatch.setattr(router_ledger, "roll_pending", roll)
+    monkeypatch.setattr(router_ledger, "ROLLUP_EVERY_S", 0.05)
+    where = {"ledger_dsn": dsn} if "://" in dsn else {"ledger_path": dsn}
+    config = AppConfig(**where, ledger_spill_dir=str(tmp_path / "spill"))
+    ledger = RouterLedger(config, "app", "r1", lambda _model: Pricing(5.0, 4))
+    ledger.start()
+    try:
+        for r in rows(40):
+            ledger.writer.put(r)
+        await ledger.writer.flush()
+
+        async def count(store: LedgerStore) -> tuple[int, str]:
+            async with store.connect() as conn:
+                n = (await conn.execute(select(func.count()).select_from(requests))).scalar()
+                await conn.execute(text("SELECT 1"))
+            return int(n or 0), threading.current_thread().name
+
+        stored, where_run = await ledger.query(count)
+        assert stored == 40 and where_run == ledger.writer.thread.name
+        for _ in range(100):
+            if job_threads:
+                break
+            await asyncio.sleep(0.05)
+        assert job_threads and {t.name for t in job_threads} == {ledger.writer.thread.name}
+    finally:
+        await ledger.close()
+    assert not ledger.writer.thread.running
