@@ -189,7 +189,10 @@ def add_engine_args(p: argparse.ArgumentParser, model: str, caching_flag: bool =
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument(
-        "--context-graphs", action="store_true", help="graph steps whose chunks continue their sequences"
+        "--context-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="graph steps whose chunks continue their sequences (the engine's default: on)",
     )
     # Off by default: these benchmarks replay one trace several times on one engine, and a later run
     # would find the earlier run's prompts cached (bench/prefix_cache.py measures the cache itself).

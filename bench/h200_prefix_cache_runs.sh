@@ -6,7 +6,8 @@
 # each engine at saturation then with Poisson conversation starts at 80% of the cache-off engine's
 # saturation capacity (targets: TTFT p50 >= 4x lower at that rate, output tok/s >= 1.5x at
 # saturation, >= 90% of cacheable prompt tokens hit); TTFT, TPOT and ITL p50/p99 per run.
-# CONTEXT_GRAPHS=1: the engines graph steps whose chunks continue their sequences (context_cuda_graphs).
+# NO_CONTEXT_GRAPHS=1: the engines run steps whose chunks continue their sequences eagerly (context_cuda_graphs
+# off; on by default).
 #
 #   bash bench/h200_prefix_cache_runs.sh "$OUT" tests    # one device call (under 10 minutes)
 #   bash bench/h200_prefix_cache_runs.sh "$OUT" engine   # another
@@ -24,5 +25,5 @@ has engine && timeout 560 python3 -m pytest tests/gpu/test_gpu_engine.py \
   -q --confcutdir=tests/gpu -p no:cacheprovider 2>&1 | tail -15 | tee "$out/tests_gpu_engine.log"
 if [ -n "${RATE:-}" ]; then rate=(--rate "$RATE"); else rate=(--rate-fraction "${RATE_FRACTION:-0.8}"); fi
 has bench && timeout 580 python3 -m bench.prefix_cache --model llama-3.1-8b --random-weights --device cuda \
-  --conversations "${CONVERSATIONS:-50}" "${rate[@]}" ${CONTEXT_GRAPHS:+--context-graphs} --json "$out/h200_llama-3.1-8b_prefix_cache.json" \
+  --conversations "${CONVERSATIONS:-50}" "${rate[@]}" ${NO_CONTEXT_GRAPHS:+--no-context-graphs} --json "$out/h200_llama-3.1-8b_prefix_cache.json" \
   2>&1 | tee "$out/prefix_cache.log" | tail -8

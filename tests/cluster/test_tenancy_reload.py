@@ -15,7 +15,7 @@ import ray
 import yaml
 from ray import serve
 
-from cluster.ops.chaos_ray import replica_actor_names
+from cluster.ops.chaos_ray import replica_actor_names, running_replicas
 from tenancy import DEMO_KEY_SALT, hash_api_key
 from tests.cluster.helpers import ADMIN, ALICE, MODEL, admin_state, start_app, wait_until, write_tenancy
 
@@ -117,6 +117,15 @@ def test_a_router_started_later_enforces_the_published_version(reload_app: tuple
         old_routers = set(_router_versions(base))
         victim = replica_actor_names(APP, "Router")[0]
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)  # Serve starts another
+
+        def serve_replaced_it() -> bool:
+            names = replica_actor_names(APP, "Router")
+            running = running_replicas(APP, "Router")
+            return victim not in names and len(names) == ROUTERS and running == ROUTERS
+
+        # Sample only once Serve runs the replacement: until then the proxy may still hand a request to
+        # the dead actor, and Serve's proxy answers that one with a plain-text 500 (it does not retry).
+        assert wait_until(serve_replaced_it, timeout_s=120, interval_s=0.5)
 
         def replaced() -> bool:
             versions = _router_versions(base)
