@@ -312,8 +312,9 @@ class AppConfig(_Frozen):
 
     @property
     def replica_max_ongoing(self) -> int:
-        # Headroom over the room for cheap control calls (load, profile) next to generations.
-        return self.replica_room + 8
+        # Headroom over the room: the requests the routers send past it for a higher tier
+        # (cluster/routing/dispatcher.py, displacing dispatch), and cheap control calls (load, profile).
+        return self.replica_room + max(1, self.replica_room // 4) + 8
 
 
 def load_app_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> AppConfig:

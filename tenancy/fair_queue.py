@@ -276,6 +276,10 @@ class FairQueue:
 
     # -- internals -------------------------------------------------------------------------------
 
+    def policy(self, tenant_id: str) -> TenantPolicy | None:
+        """The tenant's policy under this queue's order (its tier, weight, class), or None."""
+        return self._policies.get(tenant_id)
+
     def _policy(self, tenant_id: str) -> TenantPolicy:
         policy = self._policies.get(tenant_id)
         if policy is None:

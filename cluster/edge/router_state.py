@@ -20,6 +20,7 @@ def pool_state(pool: ModelPool, monitor: ReplicaMonitor) -> dict[str, Any]:
     return {
         "deployment": pool.deployment,
         "in_flight": d.in_flight,
+        "displacing": d.displacing,  # in flight past the room, for a higher tier
         "capacity": d.capacity,
         "queued": len(d.queue),
         "replicas": monitor.replicas,
@@ -38,7 +39,7 @@ def totals(models: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The sums over every model, under the one-model app's names; leases summed per tenant."""
     out: dict[str, Any] = {
         key: sum(m[key] for m in models.values())
-        for key in ("in_flight", "capacity", "queued", "replicas", "waiters")
+        for key in ("in_flight", "displacing", "capacity", "queued", "replicas", "waiters")
     }
     leases: Counter[str] = Counter()
     for m in models.values():

@@ -7,6 +7,14 @@ tenant may fill at most ``capacity - reserved`` of them, so a newcomer's request
 once instead of waiting for a running request to end (that wait would be the noisy tenant's
 output length, far above a quiet tenant's TTFT target).
 
+**Displacing dispatch.** A full room would make an interactive request wait for a batch request to
+end, however urgent its class. So past the room, up to ``reserved`` more requests go out, each for
+a tenant whose class may preempt lower tiers, and only while more lower-tier requests are in flight
+than requests already sent past the room: the replica's scheduler preempts its lowest tier's latest
+arrival to start the newcomer's prefill (``replica/scheduler.py``), and that request is recomputed
+later. Under ``vtc`` every tenant shares one tier and under ``fcfs`` nothing is reserved, so
+neither displaces. Such a pop is charged and floored as any pop (an eligibility filter, like the cap).
+
 Dispatch is event-driven: ``_kick`` pops while there is room, on every push, end and capacity
 change. It is synchronous, so a pop and the hand-over of its slot happen in one event-loop step.
 A tenant at its cap is skipped by the queue itself (``pop_next(eligible=...)``), which charges the
@@ -66,14 +74,17 @@ class Dispatcher:
         num_routers: int = 1,
         replicas: int = 1,
         queue_timeout_s: float = 60.0,
+        displace: bool = True,
     ) -> None:
         self._queue = queue
+        self._displace = displace  # the simulator's replicas preempt no tier: it passes False
         self._room = room_per_replica
         self._routers = num_routers
         self._replicas = replicas
         self._timeout = queue_timeout_s
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self._by_tenant: Counter[str] = Counter()
+        self._by_tier: Counter[int] = Counter()  # requests holding room, by their tier
         self._live: frozenset[str] | None = None  # replica ids Serve routes to; None: not known
         self._placed: dict[str, DispatchSlot] = {}  # request id -> its slot, once its replica is known
         self.in_flight = 0
@@ -96,6 +107,11 @@ class Dispatcher:
         if cap <= 1 or self._queue.order == "fcfs":
             return 0
         return max(1, cap // 4)
+
+    @property
+    def displacing(self) -> int:
+        """Requests in flight past the room (each displaces lower-tier work on its replica)."""
+        return max(0, self.in_flight - self.capacity)
 
     def set_replicas(self, replicas: int) -> None:
         if replicas != self._replicas:
@@ -128,6 +144,7 @@ class Dispatcher:
         step = 1 if holds else -1
         self.in_flight += step
         self._by_tenant[slot.request.tenant_id] += step
+        self._by_tier[slot.request.tier] += step
         return True
 
     def replace_queue(self, queue: FairQueue) -> None:
@@ -200,13 +217,20 @@ class Dispatcher:
         if holds_room:
             self.in_flight -= 1
             self._by_tenant[request.tenant_id] -= 1
+            self._by_tier[request.tier] -= 1
         self._queue.settle(request, output_tokens, cached_tokens)
         self._kick()
 
     def _kick(self) -> None:
         now = self._queue.now()  # one clock read per round of pops
-        while self.in_flight < self.capacity:
-            popped = self._queue.pop_next(now=now, eligible=self._below_cap)
+        while True:
+            if self.in_flight < self.capacity:
+                eligible = self._below_cap
+            elif self._displace and self.in_flight < self.capacity + self.reserved and len(self._queue):
+                eligible = self._displaces
+            else:
+                return
+            popped = self._queue.pop_next(now=now, eligible=eligible)
             if popped is None:
                 return
             future = self._waiters.get(popped.request_id)
@@ -215,11 +239,21 @@ class Dispatcher:
                 continue
             self.in_flight += 1
             self._by_tenant[popped.tenant_id] += 1
+            self._by_tier[popped.tier] += 1
             future.set_result(None)
 
     def _below_cap(self, tenant_id: str) -> bool:
         """A tenant may take a free slot while it holds fewer than ``capacity - reserved``."""
         return self._by_tenant[tenant_id] < self.capacity - self.reserved
+
+    def _displaces(self, tenant_id: str) -> bool:
+        """Past a full room: a tenant below its cap whose class may preempt lower tiers, while more
+        lower-tier requests are in flight than requests already sent past the room."""
+        policy = self._queue.policy(tenant_id)
+        if policy is None or not policy.may_preempt or not self._below_cap(tenant_id):
+            return False
+        lower = sum(n for tier, n in self._by_tier.items() if tier > policy.tier)
+        return lower > self.displacing
 
 
 def _granted(future: asyncio.Future[None]) -> bool:

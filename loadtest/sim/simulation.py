@@ -130,7 +130,10 @@ def _router(
     from cluster.routing.dispatcher import Dispatcher
 
     queue = make_queue(policy.dispatch, config, loop.clock)
-    dispatcher = Dispatcher(queue, cluster.replica_room, cluster.routers, 0, cluster.queue_timeout_s)
+    # No displacing dispatch: a simulated replica admits in arrival order and preempts no tier.
+    dispatcher = Dispatcher(
+        queue, cluster.replica_room, cluster.routers, 0, cluster.queue_timeout_s, displace=False
+    )
     quotas = None if store is None else QuotaManager(config, store, clock=loop.clock)
     return SimRouter(
         loop,

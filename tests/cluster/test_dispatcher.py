@@ -220,7 +220,8 @@ async def test_requests_on_a_stopping_replica_free_the_room_of_the_ones_that_sta
     """Scale-down from two replicas to one while each runs two long streams: the two on the stopped
     replica must not hold the survivor's room, or a new request waits until they end."""
     d = make(room=2, replicas=2, timeout=0.5)  # capacity 4
-    slots = [await d.wait_turn(item(d, f"s{i}", "carol" if i % 2 else "alice")) for i in range(4)]
+    # The survivor runs alice's two (the top tier): bob's request has no lower tier to displace.
+    slots = [await d.wait_turn(item(d, f"s{i}", "alice" if i < 2 else "carol")) for i in range(4)]
     for i, slot in enumerate(slots):
         slot.placed_on("r-stays" if i < 2 else "r-stops")
     d.set_live(frozenset({"r-stays", "r-stops"}))
@@ -251,3 +252,55 @@ async def test_a_request_placed_on_a_replica_already_stopping_takes_no_room() ->
     old.release()
     new.release()
     assert d.in_flight == 0 and d.in_flight_of("alice") == d.in_flight_of("bob") == 0
+
+
+async def test_an_interactive_request_is_sent_past_a_room_full_of_lower_tiers() -> None:
+    """The replica preempts its lowest tier for it (replica/scheduler.py): waiting here for a batch
+    request to end would cost an interactive request a whole answer's time."""
+    d = make(room=4)  # capacity 4; a quarter (1) may go past it
+    held = [await d.wait_turn(item(d, f"c{i}", "carol")) for i in range(3)]
+    held.append(await d.wait_turn(item(d, "b0", "bob")))
+    assert d.in_flight == d.capacity == 4
+    alice = await asyncio.wait_for(d.wait_turn(item(d, "a0", "alice")), 1)
+    assert d.in_flight == 5 and d.displacing == 1
+    second = asyncio.create_task(d.wait_turn(item(d, "a1", "alice")))
+    bob = asyncio.create_task(d.wait_turn(item(d, "b1", "bob")))
+    await asyncio.sleep(0.01)
+    assert not second.done() and not bob.done()  # a quarter of the room at most goes past it
+    held[0].release()  # still a full room, but one displacement is free again
+    assert (await asyncio.wait_for(second, 1)).request.tenant_id == "alice" and not bob.done()
+    for slot in held[1:]:
+        slot.release()
+    assert (await asyncio.wait_for(bob, 1)).request.request_id == "b1"
+    alice.release()
+    assert d.displacing == 0 and d.in_flight == 2  # alice's second and bob's
+
+
+async def test_only_a_class_that_may_preempt_displaces_and_only_lower_tiers() -> None:
+    d = make(room=2)  # capacity 2, one may go past it; a tenant may hold one
+    await d.wait_turn(item(d, "a0", "alice"))
+    await d.wait_turn(item(d, "b0", "bob"))
+    carol = asyncio.create_task(d.wait_turn(item(d, "c0", "carol")))  # batch: may not preempt
+    await asyncio.sleep(0.01)
+    assert not carol.done() and d.displacing == 0
+    carol.cancel()
+    d2 = make(room=4)
+    for i in range(3):
+        await d2.wait_turn(item(d2, f"a{i}", "alice"))  # the top tier only: nothing to displace
+    await d2.wait_turn(item(d2, "b0", "bob"))
+    alice = asyncio.create_task(d2.wait_turn(item(d2, "a3", "alice")))
+    await asyncio.sleep(0.01)
+    assert not alice.done() and d2.displacing == 0
+    alice.cancel()
+
+
+@pytest.mark.parametrize("order", ["vtc", "fcfs"])
+async def test_vtc_and_fcfs_never_send_past_the_room(order: str) -> None:
+    d = make(room=4, order=order)
+    for i in range(3):
+        await d.wait_turn(item(d, f"c{i}", "carol"))
+    await d.wait_turn(item(d, "b0", "bob"))
+    alice = asyncio.create_task(d.wait_turn(item(d, "a0", "alice")))
+    await asyncio.sleep(0.01)
+    assert not alice.done() and d.in_flight == 4
+    alice.cancel()

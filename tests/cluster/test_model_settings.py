@@ -90,10 +90,10 @@ def test_bad_model_lists_are_refused(models: list, extra: dict, message: str) ->
 def test_each_model_gets_its_own_deployment_options() -> None:
     config = AppConfig.model_validate(TWO)
     chat, bench = (replica_options(config, m) for m in config.served_models)
-    assert (chat["name"], chat["num_replicas"], chat["max_ongoing_requests"]) == ("Replica", 2, 12)
+    assert (chat["name"], chat["num_replicas"], chat["max_ongoing_requests"]) == ("Replica", 2, 13)
     assert chat["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0}  # device cpu
     assert bench["name"] == "Replica-org_bench" and bench["autoscaling_config"].max_replicas == 3
-    assert bench["max_ongoing_requests"] == 24 and "num_replicas" not in bench
+    assert bench["max_ongoing_requests"] == 28 and "num_replicas" not in bench
     assert replica_options(config) == chat  # None: the first model's
 
 

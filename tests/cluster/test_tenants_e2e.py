@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 
 import httpx
 import openai
@@ -170,3 +171,43 @@ def test_noisy_tenant_backlog_does_not_delay_the_quiet_tenant(base_url: str) -> 
     assert alice_wait < 0.05, (alice_wait, carol_wait)  # dispatched at once, backlog or not
     assert carol_wait > 10 * max(alice_wait, 0.01), (alice_wait, carol_wait)  # the backlog waits
     assert statistics.median(loaded) <= 2.0 * statistics.median(solo), (solo, loaded)
+
+
+def _long_stream(base_url: str, key: str, name: str, ends: dict[str, float], statuses: list[int]) -> None:
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
+    body["stream"] = True
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=600, headers=headers) as r:
+        for _ in r.iter_lines():
+            pass
+        statuses.append(r.status_code)
+    ends[name] = time.monotonic()
+
+
+def test_an_interactive_request_is_sent_past_a_room_full_of_lower_tiers(base_url: str) -> None:
+    """bob (standard) and carol (batch) hold the whole room (2) with long answers; alice's request
+    (interactive) is sent past it, and her answer ends while both long ones still run. Before
+    displacing dispatch it waited in the fair queue for one of them to end (a 400-token answer)."""
+    assert wait_until(lambda: admin_state(base_url)["in_flight"] == 0, timeout_s=120)
+    ends: dict[str, float] = {}
+    statuses: list[int] = []
+    threads = [
+        threading.Thread(target=_long_stream, args=(base_url, key, name, ends, statuses), daemon=True)
+        for key, name in ((CAROL, "carol"), (BOB, "bob"))
+    ]
+    for t in threads:
+        t.start()
+    try:
+        assert wait_until(lambda: admin_state(base_url)["in_flight"] == 2, timeout_s=60)
+        body = {"model": MODEL, "prompt": "Hi", "max_tokens": 4}
+        r = httpx.post(
+            f"{base_url}/v1/completions", json=body, timeout=120, headers={"Authorization": f"Bearer {ALICE}"}
+        )
+        answered = time.monotonic()
+        assert r.status_code == 200, r.text
+        assert not ends, ends  # neither long answer had ended when alice's did
+    finally:
+        for t in threads:
+            t.join(timeout=600)
+    assert statuses == [200, 200] and min(ends.values()) > answered
+    assert admin_state(base_url)["displacing"] == 0
