@@ -5,7 +5,9 @@ Completions: ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], 
 echoed prompt comes first, its first token with null logprobs (nothing precedes it).
 
 The values are the model's own distribution (log_softmax of its raw logits, before penalties,
-bias, temperature and filters), as vLLM reports by default.
+bias, temperature and filters), as vLLM reports by default. A value that is not a finite number
+(-inf where a float underflowed; NaN from a broken model) is sent as -9999.0, as vLLM and OpenAI
+do: JSON has no such numbers, and a stream must stay parseable by every client.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 TokenText = Callable[[int], str]
+FLOOR = -9999.0  # the least logprob sent
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob > FLOOR else FLOOR  # NaN compares False: the floor too
 
 
 def chat_logprobs(entries: list[list], token_text: TokenText, top: int) -> dict[str, Any]:
@@ -25,10 +32,10 @@ def _chat_entry(entry: list, token_text: TokenText, top: int) -> dict[str, Any]:
     text = token_text(token_id)
     return {
         "token": text,
-        "logprob": logprob,
+        "logprob": _finite(logprob),
         "bytes": list(text.encode("utf-8")),
         "top_logprobs": [
-            {"token": (t := token_text(i)), "logprob": v, "bytes": list(t.encode("utf-8"))}
+            {"token": (t := token_text(i)), "logprob": _finite(v), "bytes": list(t.encode("utf-8"))}
             for i, v in tops[:top]
         ],
     }
@@ -54,8 +61,8 @@ class CompletionLogprobs:
                 out["token_logprobs"].append(None)
                 out["top_logprobs"].append(None)
                 continue
-            out["token_logprobs"].append(entry[1])
-            out["top_logprobs"].append({self._text(i): v for i, v in entry[2][: self._top]})
+            out["token_logprobs"].append(_finite(entry[1]))
+            out["top_logprobs"].append({self._text(i): _finite(v) for i, v in entry[2][: self._top]})
         return out
 
 
