@@ -40,13 +40,14 @@ from tenancy.errors import InvalidQueueItem, QueueFull, UnknownTenantError
 from tenancy.fair_charges import OUTPUT_TOKEN_COST, reservation, settlement
 from tenancy.fair_lanes import Eligible, Entry, Lane, Tier, TierHeaps
 from tenancy.fair_selection import choose, lift_level
+from tenancy.fair_sharing import QueueSharing
 from tenancy.lane_lengths import LaneLengths
 from tenancy.queue_snapshot import FairQueueSnapshot, TenantQueueStats
 from tenancy.queued_request import QueuedRequest, TenantPolicy, policies_from_config
 from tenancy.shared_lifts import SharedLifts
 
 
-class FairQueue:
+class FairQueue(QueueSharing):
     """Waiting requests of all tenants, popped in weighted-fair, SLA-aware order. Not thread-safe."""
 
     def __init__(
@@ -201,49 +202,9 @@ class FairQueue:
         if lane.queue:
             self._publish(lane)
 
-    def credit(self, tenant_id: str, counter_delta: float) -> None:
-        """Add counter change that another router charged or refunded (already divided by the weight)."""
-        if not counter_delta or tenant_id not in self._policies:
-            return
-        lane = self._lane(tenant_id)
-        lane.counter += counter_delta
-        if lane.queue:
-            self._publish(lane)
-
-    def carry_from(self, old: FairQueue) -> None:
-        """Take over ``old``'s counters and unshared service (tenants that still exist) and tier floors
-        (tiers that still exist): a reloaded config neither forgives service nor forgets it."""
-        for tenant_id, lane in old._lanes.items():
-            if tenant_id in self._policies:
-                new = self._lane(tenant_id)
-                new.counter, new.offset = lane.counter, lane.offset
-        for number, tier in old._tiers.items():
-            if number in self._tiers:
-                self._tiers[number].floor = max(self._tiers[number].floor, tier.floor)
-        self._local_service = {t: s for t, s in old._local_service.items() if t in self._policies}
-        self._lifts = old._lifts
-
     def waiting(self) -> list[QueuedRequest]:
         """The waiting requests, oldest first."""
         return [entry.request for entry in self._index.values()]
-
-    def take_local_service(self) -> dict[str, float]:
-        """Counter change charged by this queue since the last call, per tenant (to share it)."""
-        taken, self._local_service = self._local_service, {}
-        return taken
-
-    def take_lifted(self) -> dict[str, float]:
-        """Lift offsets (counter − growth) raised here since the last call, per tenant (to share)."""
-        return self._lifts.take()
-
-    def merge_lifts(self, offsets: Mapping[str, float]) -> None:
-        """Take the cluster's lift offsets (``tenancy/shared_lifts.py``): each counter rises by how
-        much its tenant's offset exceeds the one known here."""
-        for tenant_id, offset in offsets.items():
-            if tenant_id in self._policies:
-                lane = self._lane(tenant_id)
-                if self._lifts.merge(lane, offset) and lane.queue:
-                    self._publish(lane)
 
     def remove(self, request_id: str) -> QueuedRequest | None:
         """Drop a waiting request (client gone); None if it is not waiting (already popped or unknown)."""
@@ -305,10 +266,6 @@ class FairQueue:
         s = self._settings
         budget = max(0.0, request.deadline - request.arrival)
         return request.deadline - s.at_risk_margin_s - s.at_risk_margin_fraction * budget
-
-    def _grow(self, lane: Lane, delta: float) -> None:
-        lane.counter += delta
-        self._local_service[lane.tenant_id] = self._local_service.get(lane.tenant_id, 0.0) + delta
 
     def _lift(self, lane: Lane) -> None:
         if self._by_arrival:
