@@ -37,8 +37,8 @@ from redis.exceptions import RedisError
 import tenancy.redis_scripts as redis_scripts
 from tenancy.lease import Lease
 from tenancy.local_share import LocalShare
-from tenancy.ratelimit_headers import RateLimitState
 from tenancy.redis_calls import POOL_CONNECTIONS, call_in_time, open_connections, quota_client
+from tenancy.redis_replies import acquire_result
 from tenancy.store import SECONDS_PER_DAY, AcquireResult, LimitSpec, day_of
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class RedisQuotaStore:
                 phantom = Lease(lease_id, tenant_id, 0, 0, tokens, day, "redis", self._clock())
                 self._pending.append((phantom, limits, 0))
             return result
-        result = self._result(raw, limits, day)
+        result = acquire_result(raw, limits, day, self._concurrency_retry_after)
         self._local.saw(tenant_id, limits, float(raw[2]), float(raw[3]))
         return result
 
@@ -280,27 +280,8 @@ class RedisQuotaStore:
         self._degraded_reason = reason
         self._next_probe_at = self._clock() + self._retry_interval
 
-    def _result(self, raw: list[Any], limits: LimitSpec, day: int) -> AcquireResult:
-        reason = _text(raw[0]) or None
-        now = float(raw[6])
-        retry = float(raw[1])
-        if reason == "concurrency":
-            retry = self._concurrency_retry_after
-        elif reason == "daily_budget":
-            retry = (day + 1) * SECONDS_PER_DAY - now
-        rl, tl = float(raw[2]), float(raw[3])
-        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
-        state = RateLimitState(
-            rpm, math.floor(rl), (rpm - rl) * 60.0 / rpm, tpm, math.floor(tl), (tpm - tl) * 60.0 / tpm
-        )
-        return AcquireResult(reason is None, reason, retry, state, day, "redis")  # type: ignore[arg-type]
-
 
 async def drop_pooled_connections(client: Redis) -> None:
     """Close every pooled connection (each reconnects on its next use). After a failure the others
     are likely dead too (a Redis restart), and each would fail one call of its own."""
     await client.connection_pool.disconnect()
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
