@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import model_validator
 
+from cluster.app_settings import AppSettings
 from cluster.model_settings import (
-    TOOL_CALL_PARSER_NOTE,
     AutoscalingSettings,
     EngineSettings,
     ModelSettings,
-    ToolCallParser,
     check_unique,
     deployment_names,
     inherit_entries,
 )
-from tenancy.dispatch_policy import DispatchPolicy
 
 # The longest answer a replica may be asked for when ``engine.max_model_len`` is None: the engine's
 # own context cap (``replica.engine.MAX_CONTEXT_CAP``; not imported: that would load torch here).
@@ -29,221 +27,8 @@ SLOWEST_DECODE_TOKENS_PER_S = 10.0
 __all__ = ["AppConfig", "AutoscalingSettings", "EngineSettings", "ModelSettings", "load_app_config"]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class AppConfig(_Frozen):
+class AppConfig(AppSettings):
     """The whole Serve application: engine, replicas, routers, tenancy, queue bounds and HTTP."""
-
-    engine: EngineSettings = Field(
-        default_factory=EngineSettings,
-        description="Replica engine settings (with `models`: what the entries share, field by field).",
-    )
-    models: tuple[ModelSettings, ...] = Field(
-        default=(),
-        description=(
-            "Several served models, each with its own replica deployment, fair queue and quotas; an "
-            "entry takes what it does not give from the top-level engine, num_replicas/autoscaling, "
-            "replica_num_cpus, replica_num_gpus and replica_room. Empty: one model, "
-            "served_model_name, built from the top-level fields."
-        ),
-    )
-    num_replicas: int = Field(default=1, ge=1, description="Fixed replica count (ignored with autoscaling).")
-    autoscaling: AutoscalingSettings | None = Field(
-        default=None, description="Autoscale the replicas instead of a fixed count."
-    )
-    replica_num_cpus: float = Field(default=1.0, ge=0, description="Ray CPUs reserved per replica.")
-    replica_num_gpus: float | None = Field(
-        default=None, ge=0, description="GPUs per replica; None = 1 when CUDA is present, else 0."
-    )
-    num_routers: int = Field(default=1, ge=1, description="Ingress (router) replicas.")
-    tenancy_config: str | None = Field(default=None, description="Tenancy YAML path; None = the demo config.")
-    redis_url: str | None = Field(
-        default=None, description="Shared quota store; None = in-memory per router."
-    )
-    redis_prefix: str = Field(default="fairlane", min_length=1, description="Key prefix in Redis.")
-    replica_room: int = Field(
-        default=8,
-        ge=1,
-        description="Requests in flight per replica at most; the rest wait in the fair queue.",
-    )
-    tool_call_parser: ToolCallParser = Field(default="auto", description=TOOL_CALL_PARSER_NOTE)
-    replica_choice: Literal["load", "prefix"] = Field(
-        default="prefix",
-        description=(
-            "How a router picks the replica for a request (cluster/routing/replica_ranking.py): "
-            "prefix weighs the prompt tokens a replica's prefix cache holds against its queued "
-            "tokens, so a conversation's later turns go where its history is cached; load ranks by "
-            "queued tokens and free KV alone."
-        ),
-    )
-    dispatch_policy: DispatchPolicy = Field(
-        default="fairlane",
-        description=(
-            "The order in which waiting requests get a replica: fairlane (virtual token counters within "
-            "SLA tiers; an at-risk request pulls its tier ahead), vtc (counters, one tier) or fcfs "
-            "(arrival order, no room reserved). docs/tenancy.md, section 5."
-        ),
-    )
-    queue_timeout_s: float = Field(default=60.0, gt=0, description="Longest wait in the fair queue.")
-    first_token_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait for the first token.")
-    token_timeout_s: float = Field(default=60.0, gt=0, description="Longest gap between streamed tokens.")
-    stream_interval_s: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        description=(
-            "Streamed outputs travel from the replica in batches at most this often (the first token "
-            "and the last always at once). 0 sends every step's token on its own; on a GPU replica with "
-            "many streams, 0.05 keeps the per-item cost of the Serve hops below the engine's token rate."
-        ),
-    )
-    stream_items_per_s: float = Field(
-        default=1000.0,
-        ge=0,
-        description=(
-            "A router's budget of streamed items per second over all its open streams (0: none). "
-            "With N streams open, a new stream's items leave at most every max(stream_interval_s, "
-            "N / budget) seconds (1 s at most), so the router's per-item CPU stays bounded as "
-            "replicas and streams are added; each stream's tokens all arrive, in larger items."
-        ),
-    )
-    stream_channel: bool = Field(
-        default=True,
-        description=(
-            "Streamed outputs travel on a channel per router and replica (one TCP connection from the "
-            "replica to a port the router opens on its node): one frame per flush carries every open "
-            "stream's new tokens, instead of one Serve stream item per request. stream_interval_s and "
-            "stream_items_per_s then do not apply; stream_flush_s does. False: one Serve stream per request."
-        ),
-    )
-    stream_flush_s: float = Field(
-        default=0.02,
-        gt=0,
-        le=0.02,
-        description=(
-            "With stream_channel, a replica writes each router's frame at most this often (the first "
-            "and the last output of a request at once): each token waits at most one flush."
-        ),
-    )
-    handle_grpc: bool = Field(
-        default=True,
-        description=(
-            "Router-to-replica streams over Serve's gRPC channel (handle option _by_reference=False) "
-            "instead of Ray actor calls: less CPU per request and per streamed item in both processes."
-        ),
-    )
-    proxy_grpc: bool = Field(
-        default=True,
-        description=(
-            "Serve's HTTP proxy calls the routers over Serve's gRPC channel (RAY_SERVE_PROXY_USE_GRPC=1 in "
-            "every Ray process: set by `fairlane serve` when it starts Ray, and by the chart's pod env): "
-            "about a sixth less router CPU and a fifth less proxy CPU per request."
-        ),
-    )
-    direct_ingress: bool = Field(
-        default=False,
-        description=(
-            "Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in every Ray process: set by "
-            "`fairlane serve` when it starts Ray, and by the chart's pod env): each router also serves "
-            "HTTP on a port of its own (its node's first free port from 30000), so its clients skip "
-            "the proxy hop: 2.4x less router + proxy CPU per stream, 3.2x per short request. The proxy "
-            "then runs on the head node only (still on `port`); a stopping router stays up at least 30 s."
-        ),
-    )
-    serve_access_log: bool = Field(
-        default=False,
-        description=(
-            "Ray Serve's access log line per request in the router and replica (and the proxy of a "
-            "local cluster); off: each line costs CPU in the router's hot path."
-        ),
-    )
-    load_poll_interval_s: float = Field(default=1.0, gt=0, description="How often routers poll replica load.")
-    counter_sync_s: float = Field(
-        default=0.1,
-        gt=0,
-        description="How often several routers exchange fair-share counters through Redis (one script "
-        "call each). The gap between equal tenants grows with it (docs/tenancy.md, several routers).",
-    )
-    max_body_bytes: int = Field(default=4_000_000, gt=0, description="Largest request body (413 beyond).")
-    first_token_retries: int = Field(
-        default=2,
-        ge=0,
-        le=5,
-        description="Re-dispatches of a request whose replica failed before its first token.",
-    )
-    drain_timeout_s: float = Field(
-        default=30.0, ge=0, description="On shutdown: longest wait for in-flight requests to finish."
-    )
-    replica_graceful_shutdown_s: float | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Longest wait of a stopping replica or router (scale-down, rolling update) for its in-flight "
-            "requests; Serve routes nothing new to it meanwhile and kills it after. None = long enough "
-            "for the longest answer: first_token_timeout_s + the context (engine.max_model_len, the "
-            "longest over the models, else 8192 tokens) at 10 tokens/s. A stop ends as soon as its "
-            "streams do."
-        ),
-    )
-    redis_fallback_fraction: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="Share of each quota a router allows alone while Redis is down; None = 1/num_routers.",
-    )
-    log_request_text: bool = Field(
-        default=False, description="Log prompt and completion text (off: text never reaches a log)."
-    )
-    default_max_tokens: int = Field(
-        default=16, gt=0, description="max_tokens of a completion that gives none (OpenAI's default)."
-    )
-    chat_default_max_tokens: int | None = Field(
-        default=None,
-        gt=0,
-        description="Cap on a chat answer that gives no max_tokens; None: the rest of the context, as "
-        "OpenAI and vLLM (quotas and the fair queue count it until the answer ends).",
-    )
-    max_n: int = Field(default=8, ge=1, le=128, description="Choices one request may ask for (n), at most.")
-    timing_history: int = Field(default=50_000, gt=0, description="Request timing records kept per router.")
-    ledger: bool = Field(
-        default=True,
-        description="Write a row per finished request to the ledger (docs/ledger.md); off: SLA and "
-        "usage reports come from each router's memory.",
-    )
-    ledger_dsn: str | None = Field(
-        default=None,
-        description="PostgreSQL DSN of the ledger (postgresql://...); None: FAIRLANE_LEDGER_DSN, else "
-        "the SQLite file ledger_path.",
-    )
-    ledger_path: str = Field(
-        default="~/.cache/fairlane/ledger.sqlite",
-        min_length=1,
-        description="The ledger's SQLite file when no DSN is set (routers on one machine share it).",
-    )
-    ledger_spill_dir: str = Field(
-        default="~/.cache/fairlane/ledger-spill",
-        min_length=1,
-        description="Where rows wait as JSON lines while the ledger database is unreachable.",
-    )
-    ledger_spill_max_rows: int = Field(default=1_000_000, gt=0, description="Spill file bound, in rows.")
-    ledger_retention_days: float | None = Field(
-        default=400, gt=0, description="Ledger rows older than this are deleted (hourly); None: kept."
-    )
-    ledger_rollup_retention_days: float | None = Field(
-        default=None,
-        gt=0,
-        description="Hours of the ledger's hourly rollup older than this are deleted; None: as long as "
-        "the rows (never shorter: reports read whole hours from the rollup).",
-    )
-    host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")
-    port: int = Field(default=8000, gt=0, lt=65536, description="HTTP port of the Serve proxy.")
-    served_model_name: str = Field(
-        default="smollm2-135m",
-        min_length=1,
-        description="Model name in the API of the one-model form; with `models`, the first entry's name.",
-    )
 
     @model_validator(mode="before")
     @classmethod
