@@ -90,7 +90,10 @@ CHAT: dict[str, FieldTreatment] = {
     "max_tokens": works(
         "the answer's cap; left out: the rest of the context (`chat_default_max_tokens` caps it)"
     ),
-    "logprobs": works("the chosen tokens' logprobs (the model's own distribution)"),
+    "logprobs": works(
+        "the chosen tokens' logprobs (the model's own distribution; a value that is not a finite "
+        "number is sent as -9999.0, as vLLM does, so every body and chunk is strict JSON)"
+    ),
     "top_logprobs": works("0-20 alternatives per token; needs `logprobs: true`"),
     "metadata": informs(
         "checked as OpenAI does (16 pairs, keys 64 and values 512 characters) and stored nowhere"
