@@ -116,8 +116,7 @@ async def write_throughput(dsn: str, rows: int, spill: Path) -> dict[str, Any]:
         await store.migrate()
         await seed_closed_hour(db)
         # Every row queued at once, as before the hand-over queue had a bound: it holds them all.
-        hold = max(rows, WriterSettings().queue_rows)  # every row queued at once, none spilled
-        settings = WriterSettings(queue_rows=hold, spill_backlog_rows=hold)
+        settings = WriterSettings(queue_rows=max(rows, WriterSettings().queue_rows))
         writer = LedgerWriter(LedgerStore(db), SpillFile(spill, "bench-write", 10_000_000), settings)
         rng = random.Random(1)
         batch = [row_from_timing(timing(rng, time.monotonic()), "bench", "r1", PRICING) for _ in range(rows)]

@@ -4,9 +4,6 @@ Each writer appends to a file of its own and holds an exclusive lock on it while
 replays, it also takes any other spill file in the folder whose lock is free: a router that died (or
 was restarted) with rows spilled leaves them to the next writer on the machine, so nothing spilled
 is lost to a restart. The file is bounded: past ``max_rows`` a row is dropped and counted.
-
-A replay moves the writer's file aside first (``taken``), so rows spilled while it runs (a backlog
-the database is too slow for) start a fresh file instead of being cut by the end of the replay.
 """
 
 from __future__ import annotations
@@ -15,8 +12,6 @@ import contextlib
 import fcntl
 import json
 import os
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -31,9 +26,7 @@ def _safe(name: str) -> str:
 
 
 class SpillFile:
-    """Rows waiting for the database on local disk. Blocking I/O: call from a thread. One lock
-    orders its file operations: a spill still running in a worker thread when the writer's task
-    was cancelled (the close) finishes before the close decides whether the file is empty."""
+    """Rows waiting for the database on local disk. Blocking I/O: call from a thread."""
 
     def __init__(self, folder: Path, owner: str, max_rows: int) -> None:
         self.folder = Path(folder).expanduser()
@@ -41,21 +34,12 @@ class SpillFile:
         self.path = self.folder / f"{PREFIX}{_safe(owner)}.jsonl"
         self.max_rows = max_rows
         self.dropped = 0
-        self._lock = threading.Lock()
-        self._own = self._open_own()
+        self._own: IO[str] = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  # held while alive
+        fcntl.flock(self._own, fcntl.LOCK_EX)
         self.rows = sum(1 for _ in self._read(self._own))
-
-    def _open_own(self) -> IO[str]:
-        own = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  # held while the writer lives
-        fcntl.flock(own, fcntl.LOCK_EX)
-        return own
 
     def append(self, rows: list[LedgerRow]) -> int:
         """Write ``rows`` (as many as the bound allows, synced); how many were written."""
-        with self._lock:
-            return self._append(rows)
-
-    def _append(self, rows: list[LedgerRow]) -> int:
         room = max(0, self.max_rows - self.rows)
         kept = rows[:room]
         self.dropped += len(rows) - len(kept)
@@ -73,27 +57,14 @@ class SpillFile:
         ]
 
     def read_own(self) -> list[LedgerRow]:
-        with self._lock:
-            return [LedgerRow.from_dict(d) for d in self._read(self._own)]
+        return [LedgerRow.from_dict(d) for d in self._read(self._own)]
 
-    @contextlib.contextmanager
-    def taken(self) -> Iterator[list[LedgerRow]]:
-        """This writer's rows, for the block to store. Their file is moved aside (its lock held) and
-        a fresh one takes new spills meanwhile. It goes when the block ends without an error; on an
-        error its lock frees and a later replay adopts it as it would a dead writer's."""
-        with self._lock:
-            old = self._own
-            rows = [LedgerRow.from_dict(d) for d in self._read(old)]
-            aside = self.path.with_name(f"{self.path.stem}-replay-{time.time_ns()}.jsonl")
-            os.replace(self.path, aside)  # the file lock stays with ``old``'s open file
-            self._own, self.rows = self._open_own(), 0
-        try:
-            yield rows
-        except BaseException:
-            old.close()
-            raise
-        aside.unlink(missing_ok=True)
-        old.close()
+    def clear_own(self) -> None:
+        """After a replay stored every row: the file starts empty."""
+        self._own.truncate(0)
+        self._own.flush()
+        os.fsync(self._own.fileno())
+        self.rows = 0
 
     @contextlib.contextmanager
     def adopt(self, path: Path) -> Iterator[list[LedgerRow] | None]:
@@ -109,11 +80,10 @@ class SpillFile:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        with self._lock:
-            empty = self.rows == 0
-            self._own.close()  # releases the file lock
-            if empty:
-                self.path.unlink(missing_ok=True)
+        empty = self.rows == 0
+        self._own.close()  # releases the lock
+        if empty:
+            self.path.unlink(missing_ok=True)
 
     @staticmethod
     def _read(f: IO[str]) -> Iterator[dict]:

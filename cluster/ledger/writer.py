@@ -5,9 +5,7 @@ a deque's appends and pops are thread-safe), so a request never waits on the dat
 else runs on the ledger's own thread (``db_thread.py``), whose loop owns the SQLAlchemy engine: a
 task there writes the queue every ``interval_s`` or as soon as ``batch_rows`` are waiting. When a
 write fails (the database is down), the rows go to the spill file, and the writer tries the
-database again at most every ``retry_s``; once it answers, the spill file is replayed first. A
-database that answers but takes rows slower than they come would grow the queue until it drops
-rows; so between two inserts, a queue past ``spill_backlog_rows`` moves to the spill file too.
+database again at most every ``retry_s``; once it answers, the spill file is replayed first.
 Inserts ignore request ids already stored, so a replay after a write whose answer was lost stores
 each row once. The router reads the state and the counters as plain attributes.
 """
@@ -17,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -44,9 +41,6 @@ class WriterSettings:
     # takes rows every interval and spills them while the database is away, so only a thread
     # stuck on one batch (``write_timeout_s``) lets the queue grow: 10 s at 1,000 rows/s is 10,000.
     queue_rows: int = 50_000
-    # Rows waiting past which, between two inserts, the queue moves to the spill file (bounded by
-    # ``ledger_spill_max_rows``, a million by default): a slow database then costs disk, not rows.
-    spill_backlog_rows: int = 10_000
 
 
 class LedgerWriter:
@@ -60,7 +54,6 @@ class LedgerWriter:
         self.written = 0
         self.write_errors = 0
         self.queue_dropped = 0  # rows refused by a full queue or put after the close
-        self.backlog_spilled = 0  # rows moved to the spill file because the database fell behind
         self.last_write = time.time()
         self.migrated = False
         self._queue: deque[Queued] = deque()  # the router appends, the ledger's thread pops
@@ -69,8 +62,6 @@ class LedgerWriter:
         self._closed = False
         self._wake = asyncio.Event()  # these two bind to the thread's loop at first use
         self._flush_lock = asyncio.Lock()
-        self._forced = False  # a forced flush (a report, the close) writes the backlog, never spills it
-        self._spill_lock = threading.Lock()
         self._task: asyncio.Task | None = None
 
     # ---- the request path: O(1), never blocks, never raises ----------------------------------------
@@ -183,7 +174,6 @@ class LedgerWriter:
                     await asyncio.to_thread(self._spill_all)
                 return
             try:
-                self._forced = force
                 await self._write_all()
                 self._next_try = 0.0
                 self.last_write = time.time()  # caught up: nothing of this router waits
@@ -213,35 +203,23 @@ class LedgerWriter:
             finally:
                 self._inflight = []
             self._wrote(len(batch))
-            await self._spill_backlog()
 
     def _wrote(self, rows: int) -> None:
         self.written += rows
         self.last_write = time.time()
 
     def _spill_all(self) -> None:
-        """The queue to the spill file (in a worker thread). Popping and writing are one step under
-        a lock: a spill whose awaiting task the close cancelled still runs, and the close's own
-        spill waits for it, so the close never decides on a file that rows are still entering."""
-        with self._spill_lock:
-            queue = self._queue
-            rows = [queue.popleft()[1] for _ in range(len(queue))]
-            if rows:
-                self.spill.append(rows)
-
-    async def _spill_backlog(self) -> None:
-        """The database takes rows slower than they come: the queue waits on disk instead."""
-        waiting = len(self._queue)
-        if waiting > self.settings.spill_backlog_rows and not self._forced:
-            self.backlog_spilled += waiting
-            log.warning("ledger: the database is behind by %d rows: spilling them", waiting)
-            await asyncio.to_thread(self._spill_all)
+        queue = self._queue
+        rows = [queue.popleft()[1] for _ in range(len(queue))]
+        if rows:
+            self.spill.append(rows)
 
     async def _replay(self) -> None:
         """The spill files (this writer's, then any dead writer's) into the database."""
         if self.spill.rows:
-            with self.spill.taken() as rows:
-                await self._insert_all(rows)
+            rows = await asyncio.to_thread(self.spill.read_own)
+            await self._insert_all(rows)
+            await asyncio.to_thread(self.spill.clear_own)
         for path in await asyncio.to_thread(self.spill.others):
             with self.spill.adopt(path) as rows:
                 if rows:
@@ -252,7 +230,6 @@ class LedgerWriter:
         for i in range(0, len(rows), step):
             await self._insert(rows[i : i + step])
             self._wrote(len(rows[i : i + step]))
-            await self._spill_backlog()
 
     async def _insert(self, rows: list[LedgerRow]) -> None:
         """One bounded write: a batch that takes longer is an outage (a silent network, not only a
