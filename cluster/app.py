@@ -141,7 +141,7 @@ def replica_pool(config: AppConfig, model: ModelSettings, generation: str) -> se
     """One model's replica deployment, bound to its engine settings."""
     engine = model.engine
     return serve.deployment(ReplicaServer, **replica_options(config, model)).bind(
-        engine_kwargs(engine), engine.synthetic_tokenizer, generation, model.name
+        engine_kwargs(engine), engine.synthetic_tokenizer, generation, model.name, config.direct_dispatch
     )
 
 

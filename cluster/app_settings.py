@@ -116,6 +116,16 @@ class AppSettings(_Frozen):
             "and the last output of a request at once): each token waits at most one flush."
         ),
     )
+    direct_dispatch: bool = Field(
+        default=False,
+        description=(
+            "With stream_channel, a router sends requests straight to the replica it chooses, on one TCP "
+            "connection per router and replica (a frame per event-loop tick), instead of a Serve call "
+            "per request: Serve's handle machinery leaves the request path. Replicas are found on the "
+            "replica board and ranked as replica_choice says. Serve's autoscaling does not see these "
+            "requests: set autoscaling only without it."
+        ),
+    )
     handle_grpc: bool = Field(
         default=True,
         description=(

@@ -48,6 +48,17 @@ class AppConfig(AppSettings):
         check_unique(self.served_models)
         return self
 
+    @model_validator(mode="after")
+    def _direct_dispatch_fits(self) -> AppConfig:
+        # Its outputs come back on the stream channel; Serve's autoscaler counts Serve calls only.
+        if self.direct_dispatch and not self.stream_channel:
+            raise ValueError("direct_dispatch needs stream_channel: true")
+        if self.direct_dispatch and any(m.autoscaling is not None for m in self.served_models):
+            raise ValueError(
+                "direct_dispatch cannot be used with autoscaling: Serve's autoscaler misses its requests"
+            )
+        return self
+
     @property
     def served_models(self) -> tuple[ModelSettings, ...]:
         """Every served model, resolved: the ``models`` list, or the one model of the top-level fields."""

@@ -26,6 +26,7 @@ from cluster.edge.router_state import health, models_state, totals
 from cluster.edge.tenant_views import check_own
 from cluster.errors import Draining, Forbidden, error_response
 from cluster.ledger.rows import key_id as api_key_id
+from cluster.routing.live_replicas import live_replicas
 from cluster.routing.model_pool import ModelPool
 from cluster.routing.replica_monitor import MonitorLoop, ReplicaMonitor, running_replicas
 from cluster.routing.router_core import RouterCore
@@ -84,6 +85,8 @@ class Ingress:
         if self.cfg.stream_channel:  # replicas connect to this node's address (docs/cluster.md)
             await self.channel.start(ray.util.get_node_ip_address())
             self.core.attach_channel(self.channel)
+        if self.cfg.direct_dispatch:  # requests go straight to the replicas on the board
+            self.core.start_direct_dispatch(self._read_board, lambda model: self._live(ctx.app_name, model))
         self.loop_lag = LoopLag()  # /admin/state's loop_lag: how late a probe woke (load included)
         self.loop_lag.start()
         self.loop_holds = LoopHolds()  # /admin/state's loop_holds: the longest single callbacks
@@ -105,6 +108,7 @@ class Ingress:
 
     async def __del__(self) -> None:
         # Serve awaits this on a graceful stop: a stopped router no longer counts as having applied.
+        await self.core.stop_direct_dispatch()
         await self.channel.stop()
         try:
             await asyncio.to_thread(self.tenancy_sync.forget)
@@ -281,6 +285,12 @@ class Ingress:
             model=pool.name,
         )
 
+    async def _read_board(self) -> dict[str, dict]:
+        return await asyncio.to_thread(replica_board.fresh_loads, self.generation)
+
+    def _live(self, app: str, model: str) -> frozenset[str] | None:
+        return live_replicas(app, self.cfg.deployments[model])
+
     def _tenant(self, request: Request) -> Tenant:
         key = parse_bearer(request.headers.get("authorization"))
         return self.core.tenancy.auth.authenticate(key)
@@ -320,4 +330,5 @@ class Ingress:
             "loop_lag": self.loop_lag.snapshot(),
             "loop_holds": self.loop_holds.snapshot(),
             "stream_channel": {"frames": self.channel.frames, "outputs": self.channel.outputs},
+            "direct_dispatch": self.core.direct_sent(),
         }

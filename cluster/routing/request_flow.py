@@ -3,7 +3,7 @@
 ``RequestRunner.open`` runs everything up to the first output, so errors before the first token
 (429, 400, 503) become HTTP statuses even for streamed requests. A replica that fails before the
 first output is invisible to the client: the request is sent again (``retries`` times at most,
-Serve routes around the dead replica). After that, ``ActiveRequest``
+Serve, or direct dispatch, routes around the dead replica). After that, ``ActiveRequest``
 streams and its ``close`` ends the request exactly once: it cancels the replica stream if still
 open (the replica then aborts the engine request and frees its KV blocks), gives back the
 dispatch slot, releases the quota lease with the real output tokens, and records the timing.
@@ -20,6 +20,7 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle
 
 from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnavailable
+from cluster.routing.direct_dispatch import DirectDispatch
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
 from cluster.routing.stream_receiver import ChannelStream, StreamReceiver
 from cluster.serving.wire import GenerateArgs
@@ -98,6 +99,9 @@ class RequestRunner:
         # one frame per replica per flush for all streams, instead of one Serve item per output.
         self.channel: StreamReceiver | None = None
         self.flush_s = 0.02
+        # With direct dispatch (``direct_dispatch.py``) requests skip Serve's handle when a replica
+        # is reachable; their outputs still come back on the channel.
+        self.direct: DirectDispatch | None = None
         self.metrics = metrics
         self.recorder = recorder
         self.timeouts = timeouts
@@ -168,7 +172,10 @@ class RequestRunner:
             channel_key=self.channel.key,
             flush_s=self.flush_s,
         )
-        return self.channel.open(engine_id, self._calls.generate_channel.remote(args))
+        call = self.direct.submit(args) if self.direct is not None else None
+        if call is None:
+            call = self._calls.generate_channel.remote(args)
+        return self.channel.open(engine_id, call)
 
     async def _first_output(self, active: ActiveRequest) -> None:
         """Open the replica stream and read its first output, re-dispatching after a replica failure.

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ray.serve.handle import DeploymentHandle
 
 from cluster.config import AppConfig
 from cluster.errors import NotFound
+from cluster.routing.direct_dispatch import DirectDispatch, ReadBoard
 from cluster.routing.model_pool import ModelPool, redis_url_with_password
 from cluster.routing.stream_receiver import StreamReceiver
 from cluster.telemetry.metrics import ClusterMetrics
@@ -18,6 +19,7 @@ from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import Authenticator, TenancyConfig, Tenant, default_tenancy_config, load_tenancy_config
 
 log = logging.getLogger(__name__)
+LiveSet = frozenset[str] | None
 
 __all__ = ["RouterCore", "TenancyState", "read_tenancy", "redis_url_with_password"]
 
@@ -75,6 +77,23 @@ class RouterCore:
         """Every pool's outputs from now on come back on ``channel`` (``stream_receiver.py``)."""
         for pool in self.pools.values():
             pool.runner.attach_channel(channel, self.config.stream_flush_s)
+
+    def start_direct_dispatch(self, read_board: ReadBoard, live: Callable[[str], LiveSet]) -> None:
+        """With ``direct_dispatch``: each pool finds its replicas on the board (``read_board``) and
+        sends to them itself; ``live(model)``: the replica ids Serve still routes that model to."""
+        for pool in self.pools.values():
+            direct = DirectDispatch(pool.name, self.config.replica_choice)
+            pool.runner.direct = direct
+            direct.start(read_board, lambda name=pool.name: live(name))
+
+    def direct_sent(self) -> dict[str, int]:
+        """Requests each model's pool sent directly (the others went through Serve)."""
+        return {p.name: p.runner.direct.sent for p in self.pools.values() if p.runner.direct is not None}
+
+    async def stop_direct_dispatch(self) -> None:
+        for pool in self.pools.values():
+            if pool.runner.direct is not None:
+                await pool.runner.direct.stop()
 
     def pool_for(self, tenant: Tenant, model: str) -> ModelPool:
         """The pool of ``model`` if ``tenant`` may use it, else the 404 ``model_not_found``."""

@@ -16,6 +16,7 @@ blocks (the engine's own ``finally``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -25,6 +26,7 @@ from typing import Any
 
 from cluster.serving import replica_board
 from cluster.serving.stream_channel import ChannelSet
+from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import GenerateArgs, error_item, merge_items, output_item
 from cluster.telemetry.process_memory import rss_bytes
 from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
@@ -33,6 +35,7 @@ from replica import EngineConfig, EngineError, InvalidRequestError, RequestOutpu
 log = logging.getLogger(__name__)
 
 SUMMARY_EVERY_S = 0.5  # the routers' stats period (cluster.app.ROUTING_STATS_PERIOD_S)
+DIRECT_DRAIN_S = 60.0  # a stopping replica's wait for directly sent requests (Serve's cap still holds)
 
 
 class ReplicaServer:
@@ -44,9 +47,12 @@ class ReplicaServer:
         synthetic_tokenizer: bool = False,
         generation: str | None = None,
         model: str = "",
+        direct_dispatch: bool = False,
     ) -> None:
         """``generation``: the app deployment's id; with it the replica publishes its load every
-        second (``cluster/serving/replica_board.py``). ``model``: the served name, in every load."""
+        second (``cluster/serving/replica_board.py``). ``model``: the served name, in every load.
+        ``direct_dispatch``: routers also send requests on connections of their own
+        (``submit_server.py``); the address and key are published with the load."""
         from replica.engine import Engine  # here: torch loads in replica processes, never in routers
 
         self._engine = Engine(EngineConfig(**engine))
@@ -61,6 +67,12 @@ class ReplicaServer:
         self._summary_at: float | None = None
         self._publisher: asyncio.Task | None = None
         self._channels = ChannelSet()
+        self._submit: SubmitServer | None = None
+        if direct_dispatch:
+            import ray
+
+            self._submit = SubmitServer(self.generate_channel, self.routing_stats_wire)
+            await self._submit.start(ray.util.get_node_ip_address())
         if generation is not None:
             self._publisher = asyncio.get_running_loop().create_task(self._publish(generation))
 
@@ -145,6 +157,16 @@ class ReplicaServer:
         stats["prefix_summary"] = self._prefix_summary()
         return stats
 
+    def routing_stats_wire(self) -> dict[str, Any]:
+        """``record_routing_stats`` for a direct-dispatch router: the summary's bits in base64 (the
+        frames are JSON), and when the summary was built, so a router decodes each one once."""
+        stats = self.record_routing_stats()
+        summary = stats["prefix_summary"]
+        if summary is not None:
+            stats["prefix_summary"] = {**summary, "bits": base64.b64encode(summary["bits"]).decode()}
+        stats["summary_at"] = self._summary_at
+        return stats
+
     def _prefix_summary(self) -> dict[str, Any] | None:
         """The cache summary, rebuilt at most every SUMMARY_EVERY_S however many routers poll (an 8B
         replica's takes ~15 ms to build)."""
@@ -176,13 +198,20 @@ class ReplicaServer:
     async def _publish(self, generation: str) -> None:
         while True:
             try:
-                await asyncio.to_thread(replica_board.publish, generation, self._replica_id, self.load())
+                load = self.load()
+                if self._submit is not None:  # how routers reach it with direct dispatch
+                    load |= {"submit_address": self._submit.address, "submit_key": self._submit.key}
+                await asyncio.to_thread(replica_board.publish, generation, self._replica_id, load)
             except Exception as exc:  # the GCS busy or gone: the next second tries again
                 log.debug("replica load not published: %s", exc)
             await asyncio.sleep(replica_board.PUBLISH_EVERY_S)
 
     async def __del__(self) -> None:
-        # Serve awaits an async destructor on shutdown: stop the engine thread cleanly.
+        # Serve awaits an async destructor on shutdown: stop the engine thread cleanly. Requests sent
+        # directly are not Serve's, so Serve's graceful drain did not wait for them: wait here.
+        if self._submit is not None:
+            await self._submit.drain(DIRECT_DRAIN_S)
+            await self._submit.stop()
         await self._channels.close()
         if self._publisher is not None:
             self._publisher.cancel()

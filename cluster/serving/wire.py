@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from replica import RequestOutput
@@ -33,11 +33,25 @@ class GenerateArgs:
     channel_key: str | None = None
     flush_s: float = 0.02
 
+    def as_wire(self) -> list[Any]:
+        """The fields in order, for a direct-dispatch frame (``submit_server.py``)."""
+        return [getattr(self, name) for name in _FIELDS]
+
+    @classmethod
+    def from_wire(cls, values: list[Any]) -> GenerateArgs:
+        """``as_wire``'s list back; a list of the wrong shape raises ``TypeError``."""
+        if not isinstance(values, list) or len(values) != len(_FIELDS):
+            raise TypeError("generate arguments of the wrong shape")
+        return cls(*values)
+
     def cache_scope(self) -> str:
         """The engine's opaque cache scope. Groups and tenants are tagged apart, so a tenant named
         like some group never shares that group's blocks; no tenant (a direct caller) is one scope."""
         owner = ["group", self.cache_group] if self.cache_group is not None else ["tenant", self.tenant]
         return json.dumps([*owner, self.cache_salt])
+
+
+_FIELDS = tuple(f.name for f in fields(GenerateArgs))
 
 
 def output_item(out: RequestOutput, replica_id: str, total_output_tokens: int, done: bool) -> dict[str, Any]:
