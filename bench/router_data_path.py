@@ -4,6 +4,7 @@ to each token, the router and proxy CPU per request, and the longest hold of the
     python -m bench.router_data_path --out docs/bench/router_data_path.json            # full size
     python -m bench.router_data_path --smoke --out /tmp/smoke.json                     # CPU test size
     python -m bench.router_data_path --set stream_channel=false --out before.json      # Serve streams
+    python -m bench.router_data_path --set direct_dispatch=true --direct-ingress --out F  # past Serve
 
 The app is the GPU benchmark's (``loadtest/configs/gpu-8b.yaml``: one router, unbounded quotas,
 synthetic tokenizer) with ``--replicas`` stand-in replicas (``bench/step_replica.py``: a step every
@@ -34,7 +35,7 @@ from ray import serve
 
 from bench.data_path_client import Plan, Tally, run
 from bench.router_cost import BASE_CONFIG, _setting, cpu_seconds, serve_pids
-from bench.step_replica import StepReplica
+from bench.step_replica import BoardStepReplica
 from cluster.app import replica_options
 from cluster.config import AppConfig, load_app_config
 from cluster.ops.local_cluster import free_port, local_cluster
@@ -185,7 +186,12 @@ def main() -> None:
     cfg = bench_config(args)
     if args.direct_ingress:  # read by every Ray process this driver starts
         os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
-    replicas = serve.deployment(StepReplica, **replica_options(cfg)).bind(args.tpot_ms / 1000)
+    deployment = serve.deployment(BoardStepReplica, **replica_options(cfg))
+
+    def replicas(generation: str) -> serve.Application:
+        name, direct = cfg.served_model_name, cfg.direct_dispatch
+        return deployment.bind(args.tpot_ms / 1000, generation, name, direct)
+
     with local_cluster(cfg, replicas=replicas) as base:
         pids = serve_pids()
         if args.direct_ingress:
@@ -195,6 +201,7 @@ def main() -> None:
     args_seen = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     result = {"phases": phases, "args": args_seen, "cpu_count": os.cpu_count()}
     result |= {"direct_ingress": args.direct_ingress, "stream_channel": cfg.stream_channel}
+    result |= {"direct_dispatch": cfg.direct_dispatch}
     result |= {"stream_flush_s": cfg.stream_flush_s, "serve_env": env}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

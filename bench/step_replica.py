@@ -4,18 +4,23 @@ its batch; the per-request schedule means a late step catches up instead of shif
 
 Outputs leave as ``ReplicaServer``'s do: over the Serve stream (``generate``, at most one item per
 ``coalesce_s``, the first and the last at once) or on the router's stream channel
-(``generate_channel``). Token k of a request is the word ``w{1000 + k}``, so a client can check that
+(``generate_channel``). With ``direct`` it also takes requests sent past Serve (direct dispatch:
+``cluster/serving/submit_server.py``) and publishes where on the replica board, as a replica does.
+Token k of a request is the word ``w{1000 + k}``, so a client can check that
 every token arrived in order, once, and when it was due.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from cluster.serving import replica_board
 from cluster.serving.stream_channel import ChannelSet
+from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import GenerateArgs
 
 FIRST_TOKEN_ID = 1000
@@ -85,6 +90,34 @@ class StepReplica:
 
     def info(self) -> dict[str, Any]:
         return {"replica_id": "step", "max_model_len": self._max_len, "kv_capacity_tokens": 1 << 20}
+
+
+class BoardStepReplica(StepReplica):
+    """The stand-in as a Serve deployment of the app: with ``direct`` it takes requests sent past
+    Serve and publishes where on the replica board under the app's ``generation``."""
+
+    async def __init__(
+        self, tpot_s: float, generation: str = "", model: str = "", direct: bool = False
+    ) -> None:
+        super().__init__(tpot_s)
+        self._submit: SubmitServer | None = None
+        self._publisher: asyncio.Task | None = None
+        if direct:
+            import ray
+            from ray import serve
+
+            self._submit = SubmitServer(self.generate_channel, self.record_routing_stats)
+            await self._submit.start(ray.util.get_node_ip_address())
+            rid = serve.get_replica_context().replica_id.unique_id
+            self._publisher = asyncio.get_running_loop().create_task(self._publish(generation, rid, model))
+
+    async def _publish(self, generation: str, rid: str, model: str) -> None:
+        assert self._submit is not None
+        where = {"model": model, "submit_address": self._submit.address, "submit_key": self._submit.key}
+        while True:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(replica_board.publish, generation, rid, self.load() | where)
+            await asyncio.sleep(replica_board.PUBLISH_EVERY_S)
 
 
 def _item(args: GenerateArgs, sent: int, upto: int, wanted: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ the other keys override.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ray import serve
@@ -117,11 +118,15 @@ def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
     }
 
 
-def compose(config: AppConfig, replicas: serve.Application | None = None) -> serve.Application:
+StandIn = serve.Application | Callable[[str], serve.Application]
+
+
+def compose(config: AppConfig, replicas: StandIn | None = None) -> serve.Application:
     """The bound application: the ingress (routers) holding a handle to each model's replicas.
 
     ``replicas``: another bound replica deployment with ``ReplicaServer``'s methods (the router
-    benchmark's paced stand-in) for a one-model config; None = the engine replicas of ``config``.
+    benchmark's paced stand-in) for a one-model config, or a function of the deployment's
+    generation that binds one; None = the engine replicas of ``config``.
     """
     # A new id per deployment: the routers of this one share their tenancy version, and a reload made
     # on an earlier deployment of the app does not reach it (cluster/routing/tenancy_board.py); its replicas
@@ -130,7 +135,7 @@ def compose(config: AppConfig, replicas: serve.Application | None = None) -> ser
     if replicas is not None:
         if len(config.served_models) != 1:
             raise ValueError("a stand-in replica deployment serves a one-model config only")
-        pools = {config.served_model_name: replicas}
+        pools = {config.served_model_name: replicas(generation) if callable(replicas) else replicas}
     else:
         pools = {m.name: replica_pool(config, m, generation) for m in config.served_models}
     # Serve finds the bound deployments inside the dict and hands the router a handle for each.

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from cluster.app import compose, serve_logging
+from cluster.app import StandIn, compose, serve_logging
 from cluster.config import AppConfig
 from cluster.drain import drain
 from cluster.ops.direct_ingress import direct_ingress_env
@@ -62,7 +62,7 @@ def start_ray(
     ray.init(address=address, **kwargs)
 
 
-def deploy(config: AppConfig, name: str = APP_NAME, replicas: serve.Application | None = None) -> str:
+def deploy(config: AppConfig, name: str = APP_NAME, replicas: StandIn | None = None) -> str:
     """Run the app and wait until it is RUNNING; returns its base URL."""
     # The global logging config reaches the proxy: its access line per request is CPU too.
     serve.start(http_options={"host": config.host, "port": config.port}, logging_config=serve_logging(config))
@@ -83,7 +83,7 @@ def local_cluster(
     config: AppConfig,
     address: str | None = None,
     on_ray_up: Callable[[], None] | None = None,
-    replicas: serve.Application | None = None,
+    replicas: StandIn | None = None,
 ) -> Iterator[str]:
     """Ray + Serve + the app for the duration of the block; everything is shut down after.
 

@@ -11,7 +11,8 @@ replicas itself with the cost Serve's ``KVAwareRouter`` uses (``replica_ranking.
   (``live_replicas``: a replica being stopped takes no new work; its requests run on).
 * **Their load**: each link asks its replica for its routing stats every ``STATS_EVERY_S`` (the
   same stats and prefix-cache summary Serve's request router reads), plus what this router sent
-  since (``SentSinceReport``).
+  since (``SentSinceReport``). The requests on a replica are this router's own, counted exactly
+  (the link's pending answers), plus the others' as of the last stats.
 * **Failure**: a broken link fails its requests (re-dispatched before their first token, as after a
   replica's death under Serve) and its replica is left out for ``HOLD_BROKEN_S``.
 
@@ -53,6 +54,7 @@ class _Replica:
     stats: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
     summary_at: float | None = None
+    others: int = 0  # requests on the replica that other routers sent, as of its last stats
 
 
 class DirectDispatch:
@@ -92,18 +94,20 @@ class DirectDispatch:
         if not candidates:
             return None
         chain: list[bytes] = []
+        prompt = Prompt(args.request_id, args.prompt_ids, args.cache_scope())
         if self._choice == "prefix":
-            chain = self._affinity.chain(Prompt(args.request_id, args.prompt_ids, args.cache_scope()))
+            chain = self._affinity.chain(prompt)
         block = self._affinity.block_size()
         prompt_tokens = len(args.prompt_ids)
 
         def cost(candidate: tuple[str, _Replica]) -> tuple[float, float]:
             rid, replica = candidate
             stats = replica.stats
+            waiting = float(stats.get("waiting_tokens", 0))
             state = ReplicaState(
-                waiting_tokens=float(stats.get("waiting_tokens", 0)),
+                waiting_tokens=self._sent.reported_waiting(rid, waiting, stats.get("reported_at")),
                 unreported_tokens=self._sent.tokens(rid, stats.get("reported_at")),
-                ongoing=int(stats.get("running", 0)) + int(stats.get("waiting", 0)),
+                ongoing=len(replica.link.pending) + replica.others,
                 kv_free_tokens=float(stats.get("kv_blocks_free", 0)) * block,
                 hit_tokens=self._affinity.hit_blocks(rid, chain) * block if chain else 0,
             )
@@ -112,11 +116,14 @@ class DirectDispatch:
         rid, replica = min(candidates, key=cost)
         hit = self._affinity.hit_blocks(rid, chain) * block if chain else 0
         sampling = args.sampling
-        answer = int(sampling.get("max_tokens", 16)) * int(sampling.get("n", 1))
-        self._sent.chose(args.request_id, rid, prompt_tokens - hit + answer)
-        self._affinity.remember(rid, chain)
+        tokens = prompt_tokens - hit + int(sampling.get("max_tokens", 16)) * int(sampling.get("n", 1))
+        self._sent.chose(args.request_id, rid, tokens)
+        if self._choice == "prefix":
+            self._affinity.remember_send(rid, prompt, chain)
         self.sent += 1
-        return replica.link.submit(args)
+        call = replica.link.submit(args)
+        call.on_end(lambda: self._sent.ended(rid, args.request_id))
+        return call
 
     def _choosable(self, rid: str, replica: _Replica) -> bool:
         return replica.link.broken is None and (self._live is None or rid in self._live)
@@ -144,13 +151,16 @@ class DirectDispatch:
     async def refresh_stats(self) -> None:
         """Every reachable replica's routing stats, asked for at once."""
         replicas = [(rid, r) for rid, r in self._replicas.items() if r.link.broken is None]
+        own = [len(r.link.pending) for _, r in replicas]  # this router's requests there as it asks
         answers = await asyncio.gather(
             *(r.link.stats(STATS_TIMEOUT_S) for _, r in replicas), return_exceptions=True
         )
-        for (rid, replica), stats in zip(replicas, answers, strict=True):
+        for (rid, replica), mine, stats in zip(replicas, own, answers, strict=True):
             if isinstance(stats, BaseException) or not isinstance(stats, dict):
                 continue  # a slow or broken replica keeps its previous stats
             replica.stats = stats
+            ongoing = int(stats.get("running", 0)) + int(stats.get("waiting", 0))
+            replica.others = max(0, ongoing - mine)
             if self._choice == "prefix":
                 self._affinity.update(rid, _summary(replica, stats))
 

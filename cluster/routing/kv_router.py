@@ -15,6 +15,7 @@ from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
+from cluster.routing import request_ends
 from cluster.routing.live_replicas import publish
 from cluster.routing.prefix_affinity import PrefixAffinity, Prompt
 from cluster.routing.replica_ranking import ReplicaChoice, ReplicaState, replica_cost, replica_score
@@ -41,6 +42,10 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         if not hasattr(self, "_choice"):  # Serve calls initialize_state; a bare instance may not
             self.initialize_state()
         prompt = _prompt_of(pending_request)
+        for replica in candidate_replicas:  # what ended there since: its report may still count it
+            rid = replica.replica_id.unique_id
+            for request_id, at in request_ends.take(rid):
+                self._sent.ended(rid, request_id, at)
         chain: list[bytes] = []
         if prompt is not None and self._choice == "prefix":
             for replica in candidate_replicas:
@@ -54,8 +59,9 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         def cost(replica: RunningReplica) -> tuple[float, float]:
             stats = replica.routing_stats or {}
             rid = replica.replica_id.unique_id
+            waiting = float(stats.get("waiting_tokens", 0))
             state = ReplicaState(
-                waiting_tokens=float(stats.get("waiting_tokens", 0)),
+                waiting_tokens=self._sent.reported_waiting(rid, waiting, stats.get("reported_at")),
                 unreported_tokens=self._sent.tokens(rid, stats.get("reported_at")),
                 ongoing=int(cache.get(replica.replica_id) or 0),
                 kv_free_tokens=float(stats.get("kv_blocks_free", 0)) * block_size,
@@ -69,7 +75,8 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
             # The work it adds there: the prompt tokens that replica's cache lacks, and the answer.
             hit = self._affinity.hit_blocks(first, chain) * block_size if chain else 0
             self._sent.chose(prompt.request_id, first, _pending_tokens(pending_request) - hit)
-            self._affinity.remember(first, chain)
+            if self._choice == "prefix":
+                self._affinity.remember_send(first, prompt, chain)
         return [[replica] for replica in ranked]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
@@ -84,6 +91,7 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
             chain = self._affinity.chain(prompt)
             self._affinity.forget(chosen, chain)
             self._affinity.remember(sent, chain)
+            self._affinity.moved(prompt.request_id, sent)
 
     def update_replicas(self, replicas):  # Serve's hook: forget what is known of replicas gone
         out = super().update_replicas(replicas)
@@ -94,6 +102,7 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         if hasattr(self, "_affinity"):
             self._affinity.keep_only(live)
             self._sent.forget_replicas(live)
+            request_ends.forget(set(live))
         return out
 
 

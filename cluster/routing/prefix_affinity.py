@@ -8,6 +8,11 @@ Two sources say how many leading blocks of a prompt a replica holds:
   ``RECENT_S`` seconds. A burst of one tenant's requests (one system prompt) arrives within one
   report period; without this the burst would spread before any report showed the prefix.
 
+Sends made before any replica reported a summary (a router's first requests) cannot be hashed yet:
+the chain's root needs the replica's model key. They are kept by prompt and hashed, with the time
+they were sent, when the first summary arrives, so a conversation's second turn still finds where
+its first went.
+
 The prompt's chain is hashed exactly as the engine hashes it (``replica/prefix_cache.py``: the
 same root, from the replica's model key and the request's cache scope, and the same blocks), so a
 request can only match blocks of its own scope. Pure: no Ray (the simulator uses it too).
@@ -50,6 +55,8 @@ class PrefixAffinity:
         self._clock = clock
         self._replicas: dict[str, _ReplicaCache] = {}
         self._chains: OrderedDict[tuple[str, str], list[bytes]] = OrderedDict()
+        # request id -> (replica id, prompt, sent at): sends not hashed yet (no summary seen)
+        self._unhashed: OrderedDict[str, tuple[str, Prompt, float]] = OrderedDict()
 
     def update(self, replica_id: str, summary: dict | None) -> None:
         """The replica's latest routing stats carried ``summary`` (unpacked once per report)."""
@@ -57,6 +64,8 @@ class PrefixAffinity:
         if summary is not cache.summary_dict:
             cache.summary_dict = summary
             cache.reader = None if summary is None else SummaryReader(CacheSummary.from_dict(summary))
+        if cache.reader is not None and self._unhashed:
+            self._hash_early_sends()
 
     def keep_only(self, replica_ids: set[str]) -> None:
         for gone in set(self._replicas) - replica_ids:
@@ -94,17 +103,40 @@ class PrefixAffinity:
         reported = cache.reader.leading_blocks(chain) if cache.reader is not None else 0
         return max(reported, self._recent_blocks(cache, chain))
 
-    def remember(self, replica_id: str, chain: list[bytes]) -> None:
-        """The router sent a request with ``chain`` to the replica."""
+    def remember(self, replica_id: str, chain: list[bytes], at: float | None = None) -> None:
+        """The router sent a request with ``chain`` to the replica (at ``at``, default now)."""
         if not chain:
             return
         recent = self._replicas.setdefault(replica_id, _ReplicaCache()).recent
-        now = self._clock()
+        now = self._clock() if at is None else at
         for key in chain:
             recent[key] = now
             recent.move_to_end(key)
         while len(recent) > RECENT_KEYS:
             recent.popitem(last=False)
+
+    def remember_send(self, replica_id: str, prompt: Prompt, chain: list[bytes]) -> None:
+        """The router sent ``prompt`` (whose chain is ``chain``) to the replica; with no summary seen
+        yet the chain is [] and the prompt waits to be hashed."""
+        if chain:
+            self.remember(replica_id, chain)
+        elif not any(c.reader is not None for c in self._replicas.values()):
+            self._unhashed[prompt.request_id] = (replica_id, prompt, self._clock())
+            while len(self._unhashed) > CHAINS:
+                self._unhashed.popitem(last=False)
+
+    def moved(self, request_id: str, replica_id: str) -> None:
+        """An unhashed send went to ``replica_id`` instead (Serve's first rank was full)."""
+        held = self._unhashed.get(request_id)
+        if held is not None:
+            self._unhashed[request_id] = (replica_id, held[1], held[2])
+
+    def _hash_early_sends(self) -> None:
+        early, self._unhashed = self._unhashed, OrderedDict()
+        oldest = self._clock() - RECENT_S
+        for replica_id, prompt, at in early.values():
+            if at >= oldest:
+                self.remember(replica_id, self.chain(prompt), at)
 
     def forget(self, replica_id: str, chain: list[bytes]) -> None:
         """The send ``remember`` recorded went elsewhere: the replica is not known to hold ``chain``

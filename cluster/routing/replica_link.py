@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cluster.serving.stream_frames import encode, read_frame
@@ -126,6 +127,10 @@ class DirectCall:
 
     def __await__(self):
         return self._future.__await__()
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the request has ended (answered, failed or cancelled)."""
+        self._future.add_done_callback(lambda _: callback())
 
     def cancel(self) -> None:
         self._link.cancel(self._request_id)

@@ -8,9 +8,10 @@ first token (docs/cluster.md, "Replica choice"):
 
     cost(r) = queued(r) + per_request · ongoing(r) + (prompt − hit(r))
 
-* ``queued(r)``: the tokens of requests waiting on r (its last report) plus what this router sent
-  it since that report (``unreported``: each request's uncached prompt tokens and answer budget),
-  so requests chosen in one tick see each other.
+* ``queued(r)``: the tokens of requests waiting on r (its last report; none when no request is
+  ongoing there, the report being older than their end) plus what this router sent it since that
+  report (``unreported``: each request's uncached prompt tokens and answer budget), so requests
+  chosen in one tick see each other.
 * ``ongoing(r)``: requests on r (Serve's queue-length cache), ``per_request`` tokens each.
 * ``hit(r)``: prompt tokens r holds in its prefix cache (choice ``prefix``; 0 for ``load``): the
   leading blocks its summary or this router's recent sends to it say it has.
@@ -42,8 +43,13 @@ class ReplicaState:
 def replica_cost(
     state: ReplicaState, prompt_tokens: int, per_request: int = PER_REQUEST_TOKENS
 ) -> tuple[float, float]:
-    """Lower is better: (prefill work ahead of the request and its own, then negated free KV)."""
-    queued = state.waiting_tokens + state.unreported_tokens
+    """Lower is better: (prefill work ahead of the request and its own, then negated free KV).
+
+    A replica with no request ongoing has none waiting: a report that still counts some predates
+    their end (reports are up to a stats period old), and would make the holder of a prompt's prefix
+    look busier than an idle replica that must compute it all."""
+    reported = state.waiting_tokens if state.ongoing > 0 else 0.0
+    queued = reported + state.unreported_tokens
     miss = max(0, prompt_tokens - state.hit_tokens)
     return (queued + per_request * state.ongoing + miss, -(state.kv_free_tokens - queued))
 

@@ -20,6 +20,7 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle
 
 from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnavailable
+from cluster.routing import request_ends
 from cluster.routing.direct_dispatch import DirectDispatch
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
 from cluster.routing.stream_receiver import ChannelStream, StreamReceiver
@@ -188,6 +189,7 @@ class RequestRunner:
         coalesce_s = stream_interval(job.coalesce_s, self.dispatcher.in_flight, self._items_per_s)
         for attempt in range(self.timeouts.first_token_retries + 1):
             engine_id = job.request_id if attempt == 0 else f"{job.request_id}-r{attempt}"
+            active.engine_id = engine_id
             active.stream = self._dispatch(engine_id, job, coalesce_s, active.priority)
             try:
                 active.first = await active.next_item(self.timeouts.first_token_s)
@@ -213,6 +215,7 @@ class ActiveRequest:
         self.slot: DispatchSlot | None = None
         self.priority = 0  # its tier in the fair queue (the dispatch policy's), sent to the engine
         self.stream = None
+        self.engine_id = ""  # the id of its latest dispatch (a retry gets a fresh one)
         self.first: dict[str, Any] | None = None
         self.retries = 0
         self.gaps = InterTokenGaps()
@@ -293,6 +296,8 @@ class ActiveRequest:
             self.stream.cancel()  # Serve cancels the replica generator → the engine aborts the request
         if self.slot is not None:  # settles the fair-share charge with what the request used
             self.slot.release(t.output_tokens, t.cached_tokens)
+        if t.replica_id is not None:  # the replica choice stops counting it in older reports
+            request_ends.record(t.replica_id, self.engine_id)
         # Record before the one await below: a handler cancelled again while it awaits must not
         # lose the record (the ending would then be counted nowhere).
         t.end = time.monotonic()

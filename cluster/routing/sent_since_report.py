@@ -5,12 +5,17 @@ before any send updates Serve's queue-length cache or any report arrives, so eve
 same numbers and the whole burst went to one replica. Each choice now adds its request's tokens to
 the replica it picked, at once (an optimistic increment), and stops counting them once a report made
 after the send is read (that report counts the request itself); they are dropped after ``FORGET_S``.
+
+The other way round, a report made before a request ended may still count it as waiting: the
+requests that ended since a replica's report take their tokens off what it reported waiting
+(``reported_waiting``), so the holder of a conversation's prefix does not look busy with the turn
+that just finished there.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 FORGET_S = 5.0  # a replica that stops reporting: its old sends stop weighing on it
@@ -30,6 +35,7 @@ class SentSinceReport:
         # replica id -> request id -> send, in the order sent (O(1) to drop from the front)
         self._by_replica: dict[str, OrderedDict[str, _Sent]] = {}
         self._replica_of: dict[str, str] = {}  # request id -> the replica its latest choice named
+        self._ended: dict[str, deque[tuple[float, float]]] = {}  # replica id -> (when, tokens) ended
 
     def chose(self, request_id: str, replica_id: str, tokens: float) -> None:
         """A choice for ``request_id`` (a later one for the same request replaces it)."""
@@ -40,6 +46,12 @@ class SentSinceReport:
     def replica_of(self, request_id: str) -> str | None:
         """The replica the request's latest choice named (None: forgotten or never chosen)."""
         return self._replica_of.get(request_id)
+
+    def sent_tokens(self, request_id: str) -> float | None:
+        """The tokens the request's latest choice counted (None: forgotten or never chosen)."""
+        replica_id = self._replica_of.get(request_id)
+        sent = self._by_replica.get(replica_id, {}).get(request_id) if replica_id is not None else None
+        return None if sent is None else sent.tokens
 
     def routed(self, request_id: str, replica_id: str) -> None:
         """Serve sent the request to ``replica_id`` (maybe not the first choice: it was full)."""
@@ -70,10 +82,30 @@ class SentSinceReport:
         # A moved send may sit behind newer ones: it is left out here once stale.
         return sum(s.tokens for s in sends.values() if s.at > since and now - s.at <= FORGET_S)
 
+    def ended(self, replica_id: str, request_id: str, at: float | None = None) -> None:
+        """``request_id`` ended on the replica (at wall time ``at``, default now): the tokens its send
+        counted come off reports made before then. A send already forgotten counts nothing."""
+        tokens = self.sent_tokens(request_id)
+        if tokens is not None:
+            self._ended.setdefault(replica_id, deque()).append((self._clock() if at is None else at, tokens))
+
+    def reported_waiting(self, replica_id: str, waiting_tokens: float, reported_at: float | None) -> float:
+        """The replica's reported waiting tokens less those of requests that ended after the report."""
+        ended = self._ended.get(replica_id)
+        if not ended or reported_at is None:
+            return waiting_tokens
+        horizon = self._clock() - FORGET_S
+        while ended and ended[0][0] < horizon:
+            ended.popleft()
+        gone = sum(tokens for at, tokens in ended if at > reported_at)
+        return max(0.0, waiting_tokens - gone)
+
     def forget_replicas(self, live: set[str]) -> None:
         for gone in set(self._by_replica) - live:
             for request_id in self._by_replica.pop(gone):
                 self._replica_of.pop(request_id, None)
+        for gone in set(self._ended) - live:
+            del self._ended[gone]
 
     def _drop(self, request_id: str) -> None:
         replica_id = self._replica_of.pop(request_id, None)

@@ -1,22 +1,24 @@
 """Replica choice through real Ray Serve, two replicas of the embedded default: with ``prefix`` a
 conversation's later turns reach the replica that holds its history (every one finds it cached);
-with ``load`` they land by load alone and find less (issue 25)."""
+with ``load`` they land by load alone and find less (issue 25). With ``direct_dispatch`` the router
+makes the same choice itself and sends past Serve's handle (issue 22)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import openai
 import pytest
 from ray import serve
 
 from bench.prefix_routing import run_conversations, summarize
-from tests.cluster.helpers import ALICE, BOB, MODEL, start_app, write_tenancy
+from tests.cluster.helpers import ALICE, BOB, MODEL, admin_state, start_app, wait_until, write_tenancy
 
 CONVERSATIONS, TURNS = 4, 3
 
 
-def _run(choice: str, port: int, tenancy: Path) -> list[dict]:
-    name = f"fl-choice-{choice}"
+def _run(choice: str, port: int, tenancy: Path, direct: bool = False) -> list[dict]:
+    name, path = (f"fl-choice-{choice}", f"/{choice}") if not direct else ("fl-direct", "/direct")
     config = {
         "engine": {"device": "cpu", "kv_cache_tokens": 16384, "max_num_seqs": 16},
         "tenancy_config": str(tenancy),
@@ -24,19 +26,43 @@ def _run(choice: str, port: int, tenancy: Path) -> list[dict]:
         "replica_room": 4,
         "replica_choice": choice,
         "queue_timeout_s": 600.0,
+        "direct_dispatch": direct,
     }
-    start_app(name, f"/{choice}", config)
+    start_app(name, path, config)
     try:
-        base = f"http://127.0.0.1:{port}/{choice}"
-        return run_conversations(base, [ALICE, BOB], MODEL, CONVERSATIONS, TURNS, seed=1, tag=choice)
+        base = f"http://127.0.0.1:{port}{path}"
+        if direct:  # both replicas found on the board before the conversations start
+            assert wait_until(lambda: _direct_sent(base) >= 2, timeout_s=60), admin_state(base)
+        rows = run_conversations(base, [ALICE, BOB], MODEL, CONVERSATIONS, TURNS, seed=1, tag=path[1:])
+        if direct:
+            rows.append({"turn": -1, "direct_sent": _direct_sent(base), "streamed": _streamed(base)})
+        return rows
     finally:
         serve.delete(name)
+
+
+def _direct_sent(base: str) -> int:
+    """Requests the router sent directly; each call first sends one (a warm-up that also shows
+    whether the replicas are known yet)."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=ALICE, max_retries=0, timeout=120)
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+    return admin_state(base)["direct_dispatch"][MODEL]
+
+
+def _streamed(base: str) -> str:
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=BOB, max_retries=0, timeout=120)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to five."}], max_tokens=24, stream=True
+    )
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
 
 @pytest.fixture(scope="module")
 def runs(ray_serve: int, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     tenancy = write_tenancy(tmp_path_factory.mktemp("choice") / "tenants.yaml")
-    return {choice: _run(choice, ray_serve, tenancy) for choice in ("load", "prefix")}
+    runs = {choice: _run(choice, ray_serve, tenancy) for choice in ("load", "prefix")}
+    runs["direct"] = _run("prefix", ray_serve, tenancy, direct=True)
+    return runs
 
 
 def test_prefix_choice_sends_every_later_turn_to_the_replica_holding_its_history(runs) -> None:
@@ -51,3 +77,14 @@ def test_prefix_choice_hits_more_than_load_alone(runs) -> None:
     assert prefix["later_hit_rate"] > load["later_hit_rate"] + 0.1, (load, prefix)
     assert load["later_turns_without_hit"] > 0, load  # by load alone some turns miss their replica
     assert prefix["later_turns_without_hit"] == 0, prefix
+
+
+def test_direct_dispatch_makes_the_same_choice_past_serves_handle(runs) -> None:
+    *rows, totals = runs["direct"]
+    later = [r for r in rows if r["turn"] > 0]
+    assert len(later) == CONVERSATIONS * (TURNS - 1)
+    for row in later:
+        assert row["cached_tokens"] >= row["prompt_tokens"] // 2, row
+    # every conversation turn and the warm-ups after discovery went directly
+    assert totals["direct_sent"] >= CONVERSATIONS * TURNS + 3, totals
+    assert len(totals["streamed"]) > 0

@@ -4,7 +4,11 @@ conversation until the queue there costs more than the prefill it saves, and sco
 from __future__ import annotations
 
 import asyncio
+import copy
+import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from uuid import uuid4
 
 import pytest
 
@@ -34,18 +38,30 @@ class _Replica:
 
 
 class _QueueLens:
+    """Serve's queue-length cache: requests ongoing per replica (none unless a test says)."""
+
+    def __init__(self, ongoing: dict[str, int] | None = None) -> None:
+        self._ongoing = ongoing or {}
+
     def get(self, replica_id):
-        return None
+        return self._ongoing.get(replica_id.unique_id)
+
+
+def _new_id() -> str:
+    return uuid4().hex
 
 
 @dataclass
 class _Pending:
     args: list
+    metadata: SimpleNamespace = field(
+        default_factory=lambda: SimpleNamespace(internal_request_id=uuid4().hex)
+    )
 
 
-def _router(choice: str) -> KVAwareRouter:
+def _router(choice: str, ongoing: dict[str, int] | None = None) -> KVAwareRouter:
     router = KVAwareRouter.__new__(KVAwareRouter)  # Serve's constructor needs a live deployment
-    router._replica_queue_len_cache = _QueueLens()
+    router._replica_queue_len_cache = _QueueLens(ongoing)
     router.initialize_state(replica_choice=choice)
     return router
 
@@ -97,15 +113,23 @@ def test_a_queue_longer_than_the_saved_prefill_outweighs_the_prefix():
     turn_two = SYSTEM + list(range(50, 90))
     holder = _Replica("holder", _stats(waiting_tokens=2000, summary=_summary_holding(SYSTEM)))
     idle = _Replica("idle", _stats())
-    assert _first(_router("prefix"), [holder, idle], _request("t2", turn_two)) == "idle"
+    assert _first(_router("prefix", {"holder": 8}), [holder, idle], _request("t2", turn_two)) == "idle"
+
+
+def test_a_report_older_than_the_end_of_its_requests_weighs_nothing():
+    """The holder reported a queue, but nothing is ongoing there any more (Serve's queue length):
+    that queue has ended, and the prefix decides."""
+    turn_two = SYSTEM + list(range(50, 90))
+    holder = _Replica("holder", _stats(waiting_tokens=2000, summary=_summary_holding(SYSTEM)))
+    idle = _Replica("idle", _stats())
+    assert _first(_router("prefix", {"holder": 0}), [holder, idle], _request("t2", turn_two)) == "holder"
 
 
 def test_another_tenants_cached_prompt_attracts_nothing():
     holder = _Replica("holder", _stats(waiting_tokens=200, summary=_summary_holding(SYSTEM, tenant="bob")))
     idle = _Replica("idle", _stats())
-    assert (
-        _first(_router("prefix"), [holder, idle], _request("t", [*SYSTEM, 1, 2, 3], tenant="alice")) == "idle"
-    )
+    request = _request("t", [*SYSTEM, 1, 2, 3], tenant="alice")
+    assert _first(_router("prefix", {"holder": 2}), [holder, idle], request) == "idle"
 
 
 def test_requests_sent_since_the_last_report_weigh_on_their_replica_until_a_newer_report():
@@ -186,3 +210,42 @@ def test_where_serve_sent_a_request_is_remembered_as_holding_its_prefix():
     router.on_request_routed(first, _Id("b"), None)  # a was full: b computes, and will hold, the prompt
     a.routing_stats = b.routing_stats = {**_stats(summary=empty), "reported_at": 1e12}  # both idle again
     assert _first(router, [a, b], _request("t2", [*SYSTEM, 1, 2, 3])) == "b"
+
+
+def test_sends_before_any_summary_are_hashed_when_the_first_one_arrives():
+    """A router's first requests go out before any replica reported how it hashes (no summary yet):
+    the conversation's next turn still goes where its first turn went, not by load alone."""
+    router = _router("prefix")
+    unreported = {"prefix_summary": None}
+    a, b = _Replica("a", _stats() | unreported), _Replica("b", _stats(waiting_tokens=50) | unreported)
+    assert _first(router, [a, b], _request("t1", SYSTEM)) == "a"
+    empty = build_summary([], MODEL_KEY, 16).as_dict()  # reports arrive; a's does not show t1's blocks yet
+    a.routing_stats = {**_stats(waiting_tokens=40, summary=empty), "reported_at": 1e12}
+    b.routing_stats = {**_stats(summary=empty), "reported_at": 1e12}
+    assert _first(router, [a, b], _request("t2", [*SYSTEM, 1, 2, 3])) == "a"  # its prefix beats b's load
+
+
+def test_requests_that_ended_since_a_report_are_not_waiting_any_more():
+    """The holder's report still counts the first turn as waiting, but it ended since:
+    its tokens come off the report, and the second turn goes to its prefix."""
+    from cluster.routing import request_ends
+
+    router = _router("prefix", {"holder": 1, "idle": 1})
+    empty = build_summary([], MODEL_KEY, 16).as_dict()
+    holder = _Replica("holder", _stats(summary=empty))
+    idle = _Replica("idle", _stats(waiting_tokens=300, summary=empty))
+    first = _request("t1", SYSTEM)
+    assert _first(router, [holder, idle], first) == "holder"
+    router.on_request_routed(first, _Id("holder"), None)
+    time.sleep(0.01)
+    report = time.time()  # made after t1 was sent, while it still waited
+    stale = {
+        **_stats(waiting_tokens=len(SYSTEM) + 16, summary=_summary_holding(SYSTEM)),
+        "reported_at": report,
+    }
+    holder.routing_stats, idle.routing_stats = stale, {**_stats(summary=empty), "reported_at": report}
+    second = _request("t2", [*SYSTEM, 1, 2, 3])
+    assert _first(copy.deepcopy(router), [holder, idle], second) == "idle"  # the stale report outweighs it
+    time.sleep(0.01)
+    request_ends.record("holder", "t1")  # the router saw it end (request_flow), after the report
+    assert _first(router, [holder, idle], second) == "holder"
