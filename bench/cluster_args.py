@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from bench.cluster_plan import GPU, GPU_X2, SMOKE, SMOKE_X2, Plan
+
+
+def app_setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of a top-level ``AppConfig`` field; the value is read as JSON when it parses."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise SystemExit(f"--set takes KEY=VALUE, not {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def pick_plan(args: argparse.Namespace) -> Plan:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.cluster_plan import CONFIGS, with_answer_scale
 from loadtest.capacity import load_scale
@@ -31,6 +32,7 @@ class PolicyPlan:
     scenarios: tuple[str, ...] = (NOISY_SCENARIO, "mixed-sla")
     load_factor: float = 1.5
     max_in_flight: int = 4096
+    settings: tuple[tuple[str, Any], ...] = ()  # AppConfig overrides (``--set``), e.g. direct ingress
     # Budget guesses for what is still to come.
     redeploy_estimate_s: float = 60.0  # new routers and replica (the model loads again)
     settle_s: float = 10.0  # between runs, at most: until the router holds nothing (wait_idle)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from bench.cluster_args import app_setting
 from bench.cluster_steps import bundle, jsonable, machine, warm_up
 from bench.policy_plan import (
     GPU,
@@ -96,7 +97,8 @@ class PolicyBench:
         (self.out / "table.txt").write_text(console.export_text(), encoding="utf-8")
 
     def app_config(self, policy: str, port: int) -> AppConfig:
-        cfg = load_app_config(self.plan.config, {"dispatch_policy": policy, "port": port})
+        overrides = {**dict(self.plan.settings), "dispatch_policy": policy, "port": port}
+        cfg = load_app_config(self.plan.config, overrides)
         tenancy = cfg.tenancy_config
         if tenancy and not Path(tenancy).is_absolute():  # Serve actors do not run in this folder
             cfg = cfg.model_copy(update={"tenancy_config": str((REPO_ROOT / tenancy).resolve())})
@@ -117,6 +119,7 @@ class PolicyBench:
         os.environ["RAY_TMPDIR"] = str(self.work / "ray")  # this run's Ray only, never another's
         t = time.monotonic()
         with local_cluster(first) as url:
+            url = client_url(first, url)
             self.results["serve_ready_s"] = time.monotonic() - t
             warm_up(url, model, 1)
             self.log(f"cluster up at {url} after {self.results['serve_ready_s']:.0f}s ({policies[0]})")
@@ -126,7 +129,7 @@ class PolicyBench:
                         self.note(f"{policy}: skipped, {self.left():.0f}s of the budget left")
                         continue
                     t = time.monotonic()
-                    url = redeploy(self.app_config(policy, port))
+                    url = client_url(first, redeploy(self.app_config(policy, port)))
                     warm_up(url, model, 1)
                     self.results.setdefault("redeploy_s", {})[policy] = time.monotonic() - t
                     self.log(f"redeployed with dispatch_policy={policy} in {time.monotonic() - t:.0f}s")
@@ -209,7 +212,24 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--drain-s", type=float, help="Seconds a run's requests get to end after its load.")
     ap.add_argument("--answer-scale", type=float, help="Answer lengths x this (GPU default 20).")
     ap.add_argument("--window-s", type=float, help="Fairness window in seconds (GPU default 5).")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE: an AppConfig override.")
     return ap
+
+
+def client_url(cfg: AppConfig, proxy_url: str) -> str:
+    """Where the load goes: the proxy, or with direct ingress the router's own port (no proxy hop)."""
+    if not cfg.direct_ingress:
+        return proxy_url
+    from cluster.ops.direct_ingress import router_urls
+    from cluster.ops.local_cluster import APP_NAME
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        urls = router_urls(APP_NAME, cfg.host)
+        if urls:
+            return urls[0]
+        time.sleep(0.5)
+    raise RuntimeError("direct ingress: no router URL published")
 
 
 def pick_plan(args: argparse.Namespace) -> PolicyPlan:
@@ -225,6 +245,7 @@ def pick_plan(args: argparse.Namespace) -> PolicyPlan:
         "drain_s": args.drain_s,
         "answer_scale": args.answer_scale,
         "window_s": args.window_s,
+        "settings": tuple(app_setting(s) for s in args.set) or None,
     }
     plan = replace(plan, **{k: v for k, v in given.items() if v is not None})
     check_names(plan.policies, plan.scenarios)

@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 from ray import serve
 
+from bench.cluster_args import app_setting
 from cluster.app import replica_options
 from cluster.config import AppConfig, load_app_config
 from cluster.ops.local_cluster import APP_NAME, free_port, local_cluster
@@ -112,19 +113,8 @@ def bench_config(args: argparse.Namespace) -> AppConfig:
     engine = base.engine.model_dump() | {"device": "cpu"}
     overrides = {"engine": engine, "replica_num_gpus": 0, "replica_num_cpus": 0, "port": free_port()}
     overrides |= {"tenancy_config": str(tenancy), "replica_room": max(args.concurrency, base.replica_room)}
-    overrides |= dict(_setting(s) for s in args.set)
+    overrides |= dict(app_setting(s) for s in args.set)
     return AppConfig.model_validate(base.model_dump() | overrides)
-
-
-def _setting(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` of a top-level ``AppConfig`` field; the value is read as JSON when it parses."""
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise SystemExit(f"--set takes KEY=VALUE, not {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
 
 
 def serve_pids() -> dict[str, int]:

@@ -33,8 +33,9 @@ import httpx
 import numpy as np
 from ray import serve
 
+from bench.cluster_args import app_setting
 from bench.data_path_client import Plan, Tally, run
-from bench.router_cost import BASE_CONFIG, _setting, cpu_seconds, serve_pids
+from bench.router_cost import BASE_CONFIG, cpu_seconds, serve_pids
 from bench.step_replica import BoardStepReplica
 from cluster.app import replica_options
 from cluster.config import AppConfig, load_app_config
@@ -52,7 +53,7 @@ def bench_config(args: argparse.Namespace) -> AppConfig:
     room = max(args.streams, args.short_clients)
     overrides = {"engine": engine, "replica_num_gpus": 0, "replica_num_cpus": 0, "port": free_port()}
     overrides |= {"tenancy_config": str(tenancy), "replica_room": room, "num_replicas": args.replicas}
-    overrides |= dict(_setting(s) for s in args.set)
+    overrides |= dict(app_setting(s) for s in args.set)
     return AppConfig.model_validate(base.model_dump() | overrides)
 
 
@@ -138,6 +139,7 @@ def summarize(
         "cpu_busy_fraction": {k: v / span for k, v in cpu.items()},
         "router_loop_lag_ms": state.get("loop_lag"),
         "stream_channel": state.get("stream_channel"),
+        "direct_dispatch_sent": state.get("direct_dispatch"),  # since the start: warm-ups included
     }  # fmt: skip
 
 
