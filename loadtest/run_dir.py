@@ -33,6 +33,8 @@ def write_run(
         "duration_s": scenario.duration_s,
         "warmup_s": scenario.warmup_s,
         "replica_samples": result.replica_samples,
+        "client_loop_lag_ms": result.client_loop_lag,  # the load generator's own loop: saturated?
+        "router_loop_lag_ms": result.server.get("router_loop_lag"),  # since the run's timings reset
     }
     summary = summarize(
         result.records,

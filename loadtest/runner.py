@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cluster.telemetry.loop_lag import LoopLag
 from loadtest.client import endpoint_path, monotonic_since, request_body, send
 from loadtest.plan import ClosedLoopSource, PlannedRequest, build_open_plan
 from loadtest.records import RequestRecord
@@ -25,6 +26,9 @@ class RunResult:
     replica_seconds: float
     replica_samples: list[tuple[float, int]]
     server: dict = field(default_factory=dict)
+    # How late this process's own loop woke (ms): a saturated load generator inflates the latencies it
+    # measures, so a run says whether it was one.
+    client_loop_lag: dict = field(default_factory=dict)
 
 
 class Runner:
@@ -60,13 +64,18 @@ class Runner:
             started_wall = time.time()
             self._clock = monotonic_since(time.monotonic())
             poller.start(self._clock)
+            lag = LoopLag()
+            lag.start()
             with self._progress() as progress:
                 await self._drive(client, progress)
+            lag.stop()
             elapsed = self._clock()
             await poller.stop(elapsed)
+            state = await self._admin(client, "GET", "/admin/state")
             server = {
                 "sla": await self._admin(client, "GET", "/admin/sla"),
                 "timings": await self._admin(client, "GET", "/admin/timings"),
+                "router_loop_lag": state.get("loop_lag") if isinstance(state, dict) else None,
             }
         records = sorted(self.records, key=lambda r: (r.scheduled, r.tenant))
         return RunResult(
@@ -76,6 +85,7 @@ class Runner:
             poller.replica_seconds,
             poller.samples,
             {k: v for k, v in server.items() if v is not None},
+            lag.snapshot(),
         )
 
     async def _drive(self, client: httpx.AsyncClient, progress: Progress | None) -> None:

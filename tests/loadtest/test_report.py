@@ -76,6 +76,8 @@ def test_loadtest_writes_records_and_a_consistent_summary(runs: tuple[Path, Path
     ok_all = sum(1 for r in records if r.ok)
     assert summary["cost"]["dollars_per_success"] == pytest.approx(summary["cost"]["dollars"] / ok_all)
     assert set(summary["fairness"]["service"]) == {"quiet", "noisy", "limited"}
+    # the load generator says whether its own loop kept up (a saturated client inflates latencies)
+    assert summary["meta"]["client_loop_lag_ms"]["probes"] > 0
 
 
 def test_report_renders_figures_html_and_table(runs: tuple[Path, Path]) -> None:
