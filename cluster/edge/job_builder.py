@@ -13,7 +13,7 @@ from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.response_format import check_grammar
 from cluster.edge.tool_grammar import check_tool_request, tool_grammar
 from cluster.errors import BadRequest, NotFound
-from cluster.routing.request_flow import Job
+from cluster.routing.request_job import Job
 from cluster.text.prompts import PromptEncoder
 from cluster.text.tool_parsers import Family
 from replica import SamplingParams

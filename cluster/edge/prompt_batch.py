@@ -16,7 +16,8 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from cluster.routing.request_flow import ActiveRequest, Job, RequestRunner
+from cluster.routing.request_flow import ActiveRequest, RequestRunner
+from cluster.routing.request_job import Job
 
 _END = object()
 

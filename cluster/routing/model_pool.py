@@ -20,7 +20,8 @@ from cluster.config import AppConfig
 from cluster.model_settings import ModelSettings
 from cluster.routing.dispatcher import Dispatcher
 from cluster.routing.reconciling_store import ReconcilingStore
-from cluster.routing.request_flow import RequestRunner, Timeouts
+from cluster.routing.request_flow import RequestRunner
+from cluster.routing.request_job import Timeouts
 from cluster.telemetry.metrics import ClusterMetrics
 from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import (

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from ray.serve.handle import DeploymentHandle
@@ -23,12 +22,14 @@ from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnav
 from cluster.routing import request_ends
 from cluster.routing.direct_dispatch import DirectDispatch
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
+from cluster.routing.outcomes import outcome_of
+from cluster.routing.request_job import Job, Timeouts
 from cluster.routing.stream_receiver import ChannelStream, StreamReceiver
 from cluster.serving.wire import GenerateArgs
 from cluster.telemetry.inter_token import InterTokenGaps
 from cluster.telemetry.metrics import ClusterMetrics
 from cluster.telemetry.request_timing import Outcome, RequestTiming, TimingRecorder
-from tenancy import Lease, QueueFull, QuotaExceeded, QuotaManager, RequestLimitExceeded, Tenant
+from tenancy import Lease, QuotaManager
 
 RENEW_EVERY_S = 300.0  # well inside the shared store's lease TTL (900 s)
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 2.0)  # lets Serve's replica set catch up with a dead replica
@@ -45,32 +46,6 @@ def stream_interval(floor_s: float, open_streams: int, items_per_s: float) -> fl
     if items_per_s <= 0:
         return floor_s
     return max(floor_s, min(MAX_STREAM_INTERVAL_S, open_streams / items_per_s))
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A validated, tokenized request ready for admission."""
-
-    request_id: str
-    tenant: Tenant
-    sla_class: str
-    prompt_ids: list[int]
-    sampling: dict[str, Any]
-    coalesce_s: float = 0.0
-    user: str | None = None  # the request's OpenAI `user`: recorded with its timing, nothing else
-    cache_salt: str | None = None  # vLLM's cache_salt: only requests with the same salt share cached blocks
-
-    @property
-    def max_tokens(self) -> int:
-        """The request's output budget: max_tokens for each of its n choices."""
-        return int(self.sampling["max_tokens"]) * int(self.sampling.get("n", 1))
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    first_token_s: float
-    token_s: float
-    first_token_retries: int = 0
 
 
 class RequestRunner:
@@ -139,7 +114,7 @@ class RequestRunner:
             timing.dispatched = time.monotonic()
             await self._first_output(active)
         except BaseException as exc:
-            await active.close(*_outcome(exc))
+            await active.close(*outcome_of(exc))
             raise
         return active
 
@@ -238,7 +213,7 @@ class ActiveRequest:
                     await self._quotas.renew(self.lease)
                 item = await self.next_item(self._runner.timeouts.token_s)
         except BaseException as exc:
-            outcome = _outcome(exc)
+            outcome = outcome_of(exc)
             raise
         finally:
             await self.close(*outcome)
@@ -310,17 +285,3 @@ class ActiveRequest:
         if self.lease is not None:
             # Shielded: a cancelled handler must still give the concurrency slot back.
             await asyncio.shield(self._quotas.release(self.lease, t.output_tokens))
-
-
-def _outcome(exc: BaseException) -> tuple[Outcome, str | None]:
-    if isinstance(exc, QuotaExceeded):
-        return "rejected", exc.reason
-    if isinstance(exc, QueueFull):
-        return "rejected", f"queue_full_{exc.scope}"
-    if isinstance(exc, RequestLimitExceeded | BadRequest):
-        return "invalid", getattr(exc, "limit", None) or getattr(exc, "code", None)
-    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-        return "aborted", "client_gone"
-    if isinstance(exc, ServiceUnavailable):
-        return ("timeout" if exc.code and "timeout" in exc.code else "error"), exc.code
-    return "error", type(exc).__name__

@@ -12,7 +12,8 @@ from cluster.app import replica_options, router_options
 from cluster.config import AppConfig
 from cluster.edge.responses import ResponseMeta, sse_stream
 from cluster.routing.dispatcher import Dispatcher
-from cluster.routing.request_flow import RequestRunner, Timeouts
+from cluster.routing.request_flow import RequestRunner
+from cluster.routing.request_job import Timeouts
 from cluster.serving.wire import GenerateArgs
 from cluster.telemetry.metrics import ClusterMetrics
 from cluster.telemetry.request_timing import TimingRecorder

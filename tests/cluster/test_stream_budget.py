@@ -10,7 +10,8 @@ import pytest
 
 from cluster.config import AppConfig
 from cluster.routing.dispatcher import Dispatcher
-from cluster.routing.request_flow import MAX_STREAM_INTERVAL_S, Job, RequestRunner, Timeouts, stream_interval
+from cluster.routing.request_flow import MAX_STREAM_INTERVAL_S, RequestRunner, stream_interval
+from cluster.routing.request_job import Job, Timeouts
 from cluster.serving.wire import GenerateArgs
 from cluster.telemetry.metrics import ClusterMetrics
 from cluster.telemetry.request_timing import TimingRecorder

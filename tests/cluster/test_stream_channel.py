@@ -14,7 +14,8 @@ import pytest
 
 from cluster.errors import ReplicaFailure
 from cluster.routing.dispatcher import Dispatcher
-from cluster.routing.request_flow import Job, RequestRunner, Timeouts
+from cluster.routing.request_flow import RequestRunner
+from cluster.routing.request_job import Job, Timeouts
 from cluster.routing.stream_receiver import StreamReceiver
 from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.wire import GenerateArgs

@@ -8,7 +8,8 @@ import pytest
 
 from cluster.errors import ReplicaFailure
 from cluster.routing.dispatcher import Dispatcher
-from cluster.routing.request_flow import Job, RequestRunner, Timeouts
+from cluster.routing.request_flow import RequestRunner
+from cluster.routing.request_job import Job, Timeouts
 from cluster.telemetry.metrics import ClusterMetrics
 from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import FairQueue, MemoryQuotaStore, QuotaManager, default_tenancy_config

@@ -1,0 +1,34 @@
+"""What the request flow runs: a validated, tokenized request (``Job``) and the waits it may take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tenancy import Tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A validated, tokenized request ready for admission."""
+
+    request_id: str
+    tenant: Tenant
+    sla_class: str
+    prompt_ids: list[int]
+    sampling: dict[str, Any]
+    coalesce_s: float = 0.0
+    user: str | None = None  # the request's OpenAI `user`: recorded with its timing, nothing else
+    cache_salt: str | None = None  # vLLM's cache_salt: only requests with the same salt share cached blocks
+
+    @property
+    def max_tokens(self) -> int:
+        """The request's output budget: max_tokens for each of its n choices."""
+        return int(self.sampling["max_tokens"]) * int(self.sampling.get("n", 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    first_token_s: float
+    token_s: float
+    first_token_retries: int = 0
