@@ -55,6 +55,7 @@ class _Replica:
     summary: dict[str, Any] | None = None
     summary_at: float | None = None
     others: int = 0  # requests on the replica that other routers sent, as of its last stats
+    listed: bool = True  # on the board at the last read; off it, it takes nothing new
 
 
 class DirectDispatch:
@@ -126,7 +127,7 @@ class DirectDispatch:
         return call
 
     def _choosable(self, rid: str, replica: _Replica) -> bool:
-        return replica.link.broken is None and (self._live is None or rid in self._live)
+        return replica.listed and replica.link.broken is None and (self._live is None or rid in self._live)
 
     def update(self, board: dict[str, dict], live: frozenset[str] | None) -> None:
         """This model's replicas on the board (``board``: replica id -> published load)."""
@@ -142,8 +143,15 @@ class DirectDispatch:
             if known is None or (retry and now - known.link.broken_at > HOLD_BROKEN_S):
                 link = ReplicaLink(rid, load["submit_address"], load["submit_key"])
                 self._replicas[rid] = _Replica(link)
-        for gone in set(self._replicas) - set(listed):  # stopped (its key removed) or killed (stale)
-            asyncio.get_running_loop().create_task(self._replicas.pop(gone).link.close())
+            else:
+                known.listed = True
+        # Off the board: stopped (its key removed) or stale (killed, or its GCS writes late). It takes
+        # nothing new; its link closes once its requests have ended (a dead one's link breaks anyway).
+        for gone in set(self._replicas) - set(listed):
+            replica = self._replicas[gone]
+            replica.listed = False
+            if not replica.link.pending:
+                asyncio.get_running_loop().create_task(self._replicas.pop(gone).link.close())
         self._live = live
         self._affinity.keep_only(set(self._replicas))
         self._sent.forget_replicas(set(self._replicas))

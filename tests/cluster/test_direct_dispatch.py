@@ -171,3 +171,23 @@ async def test_a_malformed_request_drops_only_that_connection() -> None:
     writer.close()
     writer2.close()
     await a.stop()
+
+
+async def test_a_replica_off_the_board_takes_nothing_new_and_keeps_its_streams() -> None:
+    """A replica whose board entry went stale (its GCS writes late) may still be serving: its open
+    requests finish on their link; new ones go elsewhere; the link closes once they have ended."""
+    a, b = Replica("a", 1, {"waiting_tokens": 0}), Replica("b", 2, {"waiting_tokens": 10**6, "running": 50})
+    receiver, handle, runner, direct = await _setup(a, b)
+    await direct.refresh_stats()
+    long = asyncio.create_task(_read(runner, _job(runner, 0, 300)))
+    while not a.ran:
+        await asyncio.sleep(0.01)
+    direct.update({"b": b.board()}, None)  # a is off the board
+    assert direct.replicas == ["b"]
+    items = await _read(runner, _job(runner, 1, 5))
+    assert _tokens(items) == list(range(5)) and b.ran == ["req-1"]
+    assert _tokens(await long) == list(range(300))  # not cut by the board
+    direct.update({"b": b.board()}, None)
+    await asyncio.sleep(0)
+    assert "a" not in direct._replicas  # nothing pending: its link is closed
+    await _teardown(receiver, handle, direct, a, b)
