@@ -18,6 +18,7 @@ def cell(value: float | None, unit: str, met: bool | None) -> str:
         "x": f"{value:.2f}×",
         "j": f"{value:.4f}",
         "tps": f"{value:,.0f}",
+        "ms": f"{value:.1f} ms",
     }.get(unit, f"{value:g}")
     return text if met is None else f"{text} {'met' if met else 'missed'}"
 

@@ -83,7 +83,9 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
     jmean = Row(name, "Jain, backlogged over-share group (mean)", f"≥ {JAIN_MIN:g}", "j")
     jmin = Row(name, "Jain, backlogged over-share group (min)", f"≥ {JAIN_MIN:g}", "j")
     jall = Row(name, "Jain, every group of ≥ 2 incl. within-share (mean)", "", "j")
-    rows = [p99, ratio, att, jmean, jmin, jall]
+    client = Row(name, "load generator's loop lag p99 (its latencies grow with it)", "", "ms")
+    router = Row(name, "router's loop lag p99", "", "ms")
+    rows = [p99, ratio, att, jmean, jmin, jall, client, router]
     for policy, run in runs.items():
         q = run.get("quiet_ttft_p99_s")
         p99.values[policy] = q
@@ -95,6 +97,9 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
         jmean.values[policy], jmean.met[policy] = mean, _ge(mean, JAIN_MIN)
         jmin.values[policy], jmin.met[policy] = least, _ge(least, JAIN_MIN)
         jall.values[policy] = run["fairness"].get("jain_backlogged_mean")
+        meta = run.get("meta", {})
+        client.values[policy] = (meta.get("client_loop_lag_ms") or {}).get("p99_ms")
+        router.values[policy] = (meta.get("router_loop_lag_ms") or {}).get("p99_ms")
     return [*rows, *tenant_rows(name, runs)]
 
 

@@ -32,6 +32,7 @@ def noisy_run(quiet_p99: float, within_ttft: float, jains: tuple[float, float]) 
         "fairness": {"groups": groups, "jain_backlogged_mean": 0.7},
         "attainment_by_share": {"interactive": {"within": {"ttft_attainment": within_ttft}}},
         "quiet_ttft_p99_s": quiet_p99,
+        "meta": {"client_loop_lag_ms": {"p99_ms": 56.8}, "router_loop_lag_ms": {"p99_ms": 22.0}},
     }
 
 
@@ -48,6 +49,9 @@ def test_noisy_targets_per_policy() -> None:
     assert rows["Jain, backlogged over-share group (min)"].met == {"fairlane": True, "fcfs": False}
     assert over_share_jain(runs["fairlane"]) == (0.995, 0.991)
     assert rows["Jain, every group of ≥ 2 incl. within-share (mean)"].met == {}  # context only
+    # whether the measurement kept up: the load generator's loop, then the router's
+    assert rows["load generator's loop lag p99 (its latencies grow with it)"].values["fairlane"] == 56.8
+    assert rows["router's loop lag p99"].values["fcfs"] == 22.0
 
 
 def test_noisy_targets_without_solo_or_groups_are_undecided() -> None:
@@ -77,7 +81,7 @@ def test_table_prints_every_policy_with_met_or_missed() -> None:
         "solo": {"quiet_ttft_p99_s": 0.5},
         "notes": ["fcfs/noisy-neighbour-pairs: skipped, 10s of the budget left"],
     }  # fmt: skip
-    assert len(target_rows(results)) == 6 + 3 * 4
+    assert len(target_rows(results)) == 8 + 3 * 4  # 6 targets and context, 2 loop lags, 3 per tenant
     console = Console(width=200, record=True)
     console.print(policy_table(results))
     text = console.export_text()
