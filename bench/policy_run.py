@@ -213,6 +213,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--answer-scale", type=float, help="Answer lengths x this (GPU default 20).")
     ap.add_argument("--window-s", type=float, help="Fairness window in seconds (GPU default 5).")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE: an AppConfig override.")
+    ap.add_argument("--client-procs", type=int, help="Load generator processes (GPU default 4).")
     return ap
 
 
@@ -246,6 +247,7 @@ def pick_plan(args: argparse.Namespace) -> PolicyPlan:
         "answer_scale": args.answer_scale,
         "window_s": args.window_s,
         "settings": tuple(app_setting(s) for s in args.set) or None,
+        "client_procs": args.client_procs,
     }
     plan = replace(plan, **{k: v for k, v in given.items() if v is not None})
     check_names(plan.policies, plan.scenarios)

@@ -42,15 +42,21 @@ class Runner:
         replicas: int = 1,
         admin_key: str | None = None,
         show_progress: bool = True,
+        shard: tuple[int, int] = (0, 1),
+        start_wall: float | None = None,
     ) -> None:
+        """``shard``: (index, count): this process sends every count-th planned request and closed-loop
+        worker from ``index`` (``loadtest/shards.py``); ``start_wall``: the shared start (wall clock)."""
         self.s = scenario
         self.url = url.rstrip("/")
         self.fallback_replicas = replicas
         self.admin_key = admin_key
         self.show_progress = show_progress
         self.records: list[RequestRecord] = []
-        self._budget = scenario.max_requests
-        self._sem = asyncio.Semaphore(scenario.max_in_flight)
+        self._shard, self._shards = shard
+        self._start_wall = start_wall
+        self._budget = -(-scenario.max_requests // self._shards)
+        self._sem = asyncio.Semaphore(max(1, scenario.max_in_flight // self._shards))
         self._loads = {t.id: t for t in scenario.tenants}
         self._clock = monotonic_since(time.monotonic())
         self._done = 0
@@ -61,8 +67,9 @@ class Runner:
         async with httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits) as client:
             await self._admin(client, "POST", "/admin/timings/reset")
             poller = ReplicaPoller(client, self.fallback_replicas)
-            started_wall = time.time()
-            self._clock = monotonic_since(time.monotonic())
+            started_wall = self._start_wall or time.time()
+            self._clock = monotonic_since(time.monotonic() + (started_wall - time.time()))
+            await asyncio.sleep(max(0.0, -self._clock()))  # the shared start
             poller.start(self._clock)
             lag = LoopLag()
             lag.start()
@@ -96,9 +103,10 @@ class Runner:
                     client, load, ClosedLoopSource(load, self.s.seed + w, self.s.sampling_of(load))
                 )
             )
-            for load in self.s.tenants
-            if load.concurrency
-            for w in range(load.concurrency)
+            for n, (load, w) in enumerate(
+                (load, w) for load in self.s.tenants if load.concurrency for w in range(load.concurrency)
+            )
+            if n % self._shards == self._shard
         ]
         deadline = self.s.duration_s + self.s.drain_timeout_s
         ticker = asyncio.create_task(self._tick(progress, deadline))
@@ -117,7 +125,9 @@ class Runner:
                 await ticker
 
     async def _open_loop(self, client: httpx.AsyncClient, tasks: set[asyncio.Task]) -> None:
-        for planned in build_open_plan(self.s):
+        for n, planned in enumerate(build_open_plan(self.s)):
+            if n % self._shards != self._shard:
+                continue
             if self._budget <= 0:
                 return
             delay = planned.at - self._clock()
@@ -136,7 +146,8 @@ class Runner:
     async def _one(self, client: httpx.AsyncClient, planned: PlannedRequest, scheduled: float) -> None:
         load = self._loads[planned.tenant]
         record = RequestRecord(
-            request_id=f"{planned.tenant}-{len(self.records)}",
+            request_id=f"{planned.tenant}-{len(self.records)}"
+            + (f"-{self._shard}" if self._shards > 1 else ""),
             tenant=load.id,
             sla_class=load.sla_class,
             weight=load.weight,
@@ -207,4 +218,9 @@ class Runner:
 
 
 def run_scenario(scenario: Scenario, url: str, **kwargs) -> RunResult:
+    """The run, from ``scenario.client_procs`` processes (``loadtest/shards.py``) when more than one."""
+    if scenario.client_procs > 1:
+        from loadtest.shards import run_in_shards
+
+        return run_in_shards(scenario, url, **kwargs)
     return asyncio.run(Runner(scenario, url, **kwargs).run())

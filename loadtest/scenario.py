@@ -94,6 +94,15 @@ class Scenario(_Strict):
     seed: int = Field(default=0, description="Seeds arrivals, prompt choice and lengths.")
     max_requests: int = Field(default=5000, gt=0, description="Requests sent at most, all tenants.")
     max_in_flight: int = Field(default=512, gt=0, description="Open connections at most, all tenants.")
+    client_procs: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Processes that send the load (each every n-th planned request and closed-loop worker, one "
+            "clock): one asyncio process reading thousands of streamed tokens a second falls behind."
+        ),
+    )
     request_timeout_s: float = Field(default=120.0, gt=0, description="One request's bound, end to end.")
     drain_timeout_s: float = Field(default=60.0, ge=0, description="Wait after duration before cancelling.")
     gpu_dollars_per_hour: float = Field(default=5.0, ge=0, description="Price of one replica-hour.")

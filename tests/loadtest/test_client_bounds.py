@@ -81,3 +81,24 @@ def test_the_run_deadline_cancels_what_is_left(fake) -> None:
     assert took < 2.0 + 0.5 + 2.0  # duration + drain + slack for set-up and cancellation
     assert result.records and all(r.status == "cancelled" for r in result.records)
     assert all(r.error == "run_deadline" and r.end is not None for r in result.records)
+
+
+def test_several_client_processes_send_the_same_plan_as_one(fake) -> None:
+    """Sharded over 3 processes, the run sends the requests one process would (the same seeded times,
+    tenants and lengths), each once, on one clock; closed-loop workers are shared out too."""
+    url, _ = fake
+    tenants = [_tenant("a", "ok", rate=6.0), _tenant("b", "ok", rate=4.0), _tenant("c", "ok", concurrency=3)]
+    one = run_scenario(_scenario(tenants), url, show_progress=False)
+    three = run_scenario(_scenario(tenants, client_procs=3), url, show_progress=False)
+
+    def planned(result) -> list[tuple]:
+        return sorted(
+            (r.tenant, round(r.scheduled, 6), r.max_tokens) for r in result.records if r.tenant != "c"
+        )
+
+    assert planned(three) == planned(one) and planned(one)
+    assert len({r.request_id for r in three.records}) == len(three.records)  # each once
+    assert all(r.status == "ok" and 0 <= r.sent <= r.end for r in three.records)
+    closed = [r for r in three.records if r.tenant == "c"]
+    assert len(closed) >= 3 and all(r.sent < 2.0 + 0.5 for r in closed)  # its workers ran, on the run's clock
+    assert three.records == sorted(three.records, key=lambda r: (r.scheduled, r.tenant))
