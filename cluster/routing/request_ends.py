@@ -2,11 +2,12 @@
 
 A replica's report is up to a stats period old, so it may still count a request that has ended as
 waiting; the replica choice takes the tokens of requests that ended after the report off what it
-reported (``SentSinceReport.reported_waiting``). The request flow records each end here (on the
-router's loop); ``KVAwareRouter`` reads them (on Serve's router loop, maybe another thread). Serve's
-own completion hook cannot serve: for a call with the rejection protocol it fires when the replica
+reported (``SentSinceReport.reported_waiting``). The request flow records here the end of each
+request Serve routed (direct dispatch counts its own ends on its links), on the router's loop;
+``KVAwareRouter`` reads them (on Serve's router loop, maybe another thread). Serve's own
+completion hook cannot serve: for a call with the rejection protocol it fires when the replica
 accepts the request, not when it ends. Per replica, a bounded deque: appends and pops are
-thread-safe, and what nobody reads (another model's replicas, the direct path) is dropped.
+thread-safe, and what nobody reads (another model's replicas) is dropped.
 """
 
 from __future__ import annotations

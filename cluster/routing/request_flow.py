@@ -118,9 +118,10 @@ class RequestRunner:
             raise
         return active
 
-    def _dispatch(self, engine_id: str, job: Job, coalesce_s: float, priority: int):
-        """Send the request to a replica (Serve picks it); its stream of outputs. ``priority``: its
-        tier in the fair queue, which the engine schedules by."""
+    def _dispatch(self, active: ActiveRequest, engine_id: str, coalesce_s: float):
+        """Send the request to a replica (Serve or direct dispatch picks it); its stream of outputs.
+        The request's tier in the fair queue (``active.priority``) goes along: the engine schedules by it."""
+        job, priority = active.job, active.priority
         if self.channel is None:
             args = GenerateArgs(
                 engine_id,
@@ -149,6 +150,7 @@ class RequestRunner:
             flush_s=self.flush_s,
         )
         call = self.direct.submit(args) if self.direct is not None else None
+        active.via_serve = call is None
         if call is None:
             call = self._calls.generate_channel.remote(args)
         return self.channel.open(engine_id, call)
@@ -165,7 +167,7 @@ class RequestRunner:
         for attempt in range(self.timeouts.first_token_retries + 1):
             engine_id = job.request_id if attempt == 0 else f"{job.request_id}-r{attempt}"
             active.engine_id = engine_id
-            active.stream = self._dispatch(engine_id, job, coalesce_s, active.priority)
+            active.stream = self._dispatch(active, engine_id, coalesce_s)
             try:
                 active.first = await active.next_item(self.timeouts.first_token_s)
                 return
@@ -191,6 +193,7 @@ class ActiveRequest:
         self.priority = 0  # its tier in the fair queue (the dispatch policy's), sent to the engine
         self.stream = None
         self.engine_id = ""  # the id of its latest dispatch (a retry gets a fresh one)
+        self.via_serve = True  # sent through Serve's handle (else direct dispatch, which counts its own ends)
         self.first: dict[str, Any] | None = None
         self.retries = 0
         self.gaps = InterTokenGaps()
@@ -271,7 +274,7 @@ class ActiveRequest:
             self.stream.cancel()  # Serve cancels the replica generator → the engine aborts the request
         if self.slot is not None:  # settles the fair-share charge with what the request used
             self.slot.release(t.output_tokens, t.cached_tokens)
-        if t.replica_id is not None:  # the replica choice stops counting it in older reports
+        if t.replica_id is not None and self.via_serve:  # Serve's replica choice stops counting it
             request_ends.record(t.replica_id, self.engine_id)
         # Record before the one await below: a handler cancelled again while it awaits must not
         # lose the record (the ending would then be counted nowhere).

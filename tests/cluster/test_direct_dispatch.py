@@ -15,7 +15,15 @@ from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.stream_frames import encode, read_frame
 from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import GenerateArgs
-from tests.cluster.test_stream_channel import ChannelReplicas, PacedOutputs, _job, _read, _runner, _tokens
+from tests.cluster.test_stream_channel import (
+    ChannelReplicas,
+    PacedOutputs,
+    _job,
+    _leave_after,
+    _read,
+    _runner,
+    _tokens,
+)
 
 
 class Replica:
@@ -84,18 +92,7 @@ async def test_a_client_that_leaves_aborts_its_request_on_its_replica_only() -> 
     a = Replica("a", 5)
     receiver, handle, runner, direct = await _setup(a)
 
-    async def leave_after(count: int) -> list[dict]:
-        active = await runner.open(_job(runner, 0, 400))
-        got: list[dict] = []
-        stream = active.outputs()
-        async for item in stream:
-            got.append(item)
-            if len(got) == count:
-                break
-        await stream.aclose()
-        return got
-
-    leaving = asyncio.create_task(leave_after(3))
+    leaving = asyncio.create_task(_leave_after(runner, _job(runner, 0, 400), 3))
     staying = [asyncio.create_task(_read(runner, _job(runner, i, 60))) for i in range(1, 25)]
     got = await leaving
     results = await asyncio.gather(*staying)

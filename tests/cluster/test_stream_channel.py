@@ -136,6 +136,19 @@ async def _read(runner: RequestRunner, job: Job) -> list[dict]:
     return [item async for item in active.outputs()]
 
 
+async def _leave_after(runner: RequestRunner, job: Job, count: int) -> list[dict]:
+    """A client that reads ``count`` outputs, then goes."""
+    active = await runner.open(job)
+    got: list[dict] = []
+    stream = active.outputs()
+    async for item in stream:
+        got.append(item)
+        if len(got) == count:
+            break
+    await stream.aclose()  # what the HTTP layer does when the client goes
+    return got
+
+
 def _tokens(items: list[dict], index: int = 0) -> list[int]:
     return [t for item in items if item["index"] == index for t in item["token_ids"]]
 
@@ -179,18 +192,7 @@ async def test_a_client_that_leaves_aborts_its_request_and_no_other() -> None:
     replicas = ChannelReplicas(paced)
     runner = _runner(replicas, receiver)
 
-    async def leave_after(job: Job, count: int) -> list[dict]:
-        active = await runner.open(job)
-        got: list[dict] = []
-        stream = active.outputs()
-        async for item in stream:
-            got.append(item)
-            if len(got) == count:
-                break
-        await stream.aclose()  # what the HTTP layer does when the client goes
-        return got
-
-    leaving = asyncio.create_task(leave_after(_job(runner, 0, 400), 3))
+    leaving = asyncio.create_task(_leave_after(runner, _job(runner, 0, 400), 3))
     staying = [asyncio.create_task(_read(runner, _job(runner, i, 80))) for i in range(1, 30)]
     got = await leaving
     results = await asyncio.gather(*staying)
