@@ -12,6 +12,7 @@ Batches are padded to the next ladder size; padded rows read and write only the 
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable
 
 import torch
@@ -27,16 +28,21 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.replays = 0  # steps run by these graphs (tests and benchmarks read it)
+        self.timing: dict = {"warmup_s": 0.0, "capture_s": 0.0}  # what capture cost (bench/replica_start.py)
 
     def capture(self, stream: torch.cuda.Stream, pool=None) -> None:
         """Capture every (set, size), largest first so smaller graphs reuse the pool's blocks. `pool`:
         one shared with other graph sets (steps run one after another on one stream)."""
         self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
+        started = time.perf_counter()
+        warmups = []
         with torch.cuda.stream(stream):
             for size in self.sizes:
                 for set_index in (0, 1):
                     self.step_fn(set_index, size)  # warm-up: compile kernels, settle allocations
-        stream.synchronize()
+                stream.synchronize()
+                warmups.append(time.perf_counter())
+        warmed = time.perf_counter()
         for size in reversed(self.sizes):
             for set_index in (0, 1):
                 graph = torch.cuda.CUDAGraph()
@@ -44,6 +50,10 @@ class DecodeGraphs:
                     self.step_fn(set_index, size)
                 self.graphs[(set_index, size)] = graph
         stream.synchronize()
+        starts = [started, *warmups[:-1]]
+        by_size = {size: end - begin for size, begin, end in zip(self.sizes, starts, warmups, strict=True)}
+        captured = time.perf_counter() - warmed
+        self.timing = {"warmup_s": warmed - started, "capture_s": captured, "warmup_by_size": by_size}
 
     def padded_size(self, batch: int) -> int | None:
         at = bisect.bisect_left(self.sizes, batch)

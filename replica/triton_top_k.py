@@ -21,6 +21,10 @@ from replica.triton_noise import _u32
 
 BLOCK = 1024
 BINS = 256
+# Splits' histograms summed per loop iteration of `_radix_combine`. The shift and the split count
+# are run-time values, so the combine compiles once: as constants (one build per round and per
+# power-of-two split count) its 28 builds took 185 s of a cold H200 replica's 217-s start.
+SPLIT_TILE = 16
 
 
 @triton.jit
@@ -62,30 +66,32 @@ def _radix_pass(
     tl.store(hist_ptr + (row * splits + split) * BINS + tl.arange(0, BINS), counts)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits", "shift"])
 def _radix_combine(
-    hist_ptr, splits, vocab, top_k_ptr, temp_ptr, pending_ptr, prefix_ptr, left_ptr, floor_ptr,
-    SHIFT: tl.constexpr, SPLITS: tl.constexpr, BINS: tl.constexpr,
+    hist_ptr, splits, vocab, top_k_ptr, temp_ptr, pending_ptr, prefix_ptr, left_ptr, floor_ptr, shift,
+    TILE: tl.constexpr, BINS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     if _wants(row, top_k_ptr, temp_ptr, pending_ptr, vocab) == 0:
         return
-    s = tl.arange(0, SPLITS)
+    s = tl.arange(0, TILE)
     b = tl.arange(0, BINS)
-    at = (row * splits + s[:, None]) * BINS + b[None, :]
-    counts = tl.sum(tl.load(hist_ptr + at, mask=(s < splits)[:, None], other=0), axis=0)
+    counts = tl.zeros([BINS], tl.int32)
+    for first in range(0, splits, TILE):  # the splits' histograms, TILE at a time
+        at = (row * splits + first + s[:, None]) * BINS + b[None, :]
+        counts += tl.sum(tl.load(hist_ptr + at, mask=(first + s < splits)[:, None], other=0), axis=0)
     left = tl.load(left_ptr + row)
     # The k-th largest (the `left`-th among this prefix's tokens) lies in the bin with fewer than
     # `left` tokens in the bins above it and at least `left` counting its own.
-    above = tl.sum(tl.where(b[None, :] > b[:, None], counts[None, :], 0), axis=1)
+    above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)  # tokens in the bins above each bin
     fits = (above < left) & (above + counts >= left)
     chosen = tl.max(tl.where(fits, b, -1), axis=0)
     chosen = tl.where(chosen < 0, 0, chosen)
     left = left - tl.sum(tl.where(b == chosen, above, 0), axis=0)
-    prefix = tl.load(prefix_ptr + row).to(tl.uint32) | (chosen.to(tl.uint32) << SHIFT)
+    prefix = tl.load(prefix_ptr + row).to(tl.uint32) | (chosen.to(tl.uint32) << shift.to(tl.uint32))
     tl.store(prefix_ptr + row, prefix.to(tl.int64))
     tl.store(left_ptr + row, left)
-    if SHIFT == 0:  # the k-th largest key: back to its logit, over T
+    if shift == 0:  # the k-th largest key: back to its logit, over T
         bits = tl.where((prefix >> 31) != 0, prefix & 0x7FFFFFFF, prefix ^ _u32(0xFFFFFFFF))
         x = bits.to(tl.float32, bitcast=True)
         tl.store(floor_ptr + row, x / tl.load(temp_ptr + row))
@@ -106,7 +112,7 @@ def top_k_floor(logits: torch.Tensor, span: int, splits: int, params, pending: t
             SHIFT=shift, BLOCK=BLOCK, BINS=BINS, num_warps=4,
         )  # fmt: skip
         _radix_combine[(rows,)](
-            hist, splits, vocab, p.top_k, p.temperature, pending, prefix, left, floor, SHIFT=shift,
-            SPLITS=triton.next_power_of_2(splits), BINS=BINS, num_warps=4,
+            hist, splits, vocab, p.top_k, p.temperature, pending, prefix, left, floor, shift,
+            TILE=SPLIT_TILE, BINS=BINS, num_warps=4,
         )  # fmt: skip
     return floor

@@ -18,11 +18,12 @@ CHILD = r"""
 import json
 import tests.replica.triton_on_cpu  # noqa: F401  (the interpreter patch)
 import torch
-from replica import triton_penalties, triton_sampler
+from replica import triton_penalties, triton_sampler, triton_top_k
 from replica.penalty_state import apply_penalties
 from replica.sampler import SamplingTensors, sample_reference
 
 triton_sampler.BLOCK = 64  # several loop iterations per row
+triton_top_k.SPLIT_TILE = 2  # several tiles of split histograms per top-k round
 g = torch.Generator().manual_seed(9)
 rows, vocab = 40, 300
 logits = torch.randn(rows, vocab, generator=g) * torch.rand(rows, 1, generator=g) * 5
