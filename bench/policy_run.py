@@ -49,9 +49,9 @@ from bench.policy_plan import (
 )
 from bench.policy_steps import wait_idle
 from bench.policy_table import policy_table
-from bench.policy_targets import compact, quiet_ttft_p99
+from bench.policy_targets import compact, quiet_split, quiet_ttft_p99
 from cluster.config import AppConfig, load_app_config
-from loadtest.run_dir import SUMMARY_FILE, write_json, write_run
+from loadtest.run_dir import SUMMARY_FILE, read_server, write_json, write_run
 from loadtest.runner import run_scenario
 from loadtest.scenario import Scenario
 from loadtest.serve_process import REPO_ROOT, ServeProcess, free_port
@@ -171,6 +171,7 @@ class PolicyBench:
         if sc.name in NOISY_TENANTS:
             run["quiet_tenants"] = quiet = quiet_tenants(sc.name, [t.id for t in sc.tenants])
             run["quiet_ttft_p99_s"] = quiet_ttft_p99(result.records, quiet)
+            run["quiet_split"] = quiet_split(result.records, read_server(self.runs / label, "timings"), quiet)
             line += f", quiet TTFT p99 {run['quiet_ttft_p99_s'] or 0:.3f}s"
         self.log(line)
         self.save()

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from loadtest.agreement import server_request_id
 from loadtest.metrics import percentiles, ttft
 from loadtest.records import RequestRecord
 
@@ -45,6 +46,28 @@ def quiet_ttft_p99(records: Sequence[RequestRecord], quiet: Sequence[str]) -> fl
     """TTFT p99 of the quiet tenants' measured successful requests, pooled."""
     xs = [v for r in records if r.tenant in quiet and r.ok and not r.warmup if (v := ttft(r)) is not None]
     return percentiles(xs, (99,))["p99"]
+
+
+def quiet_split(records: Sequence[RequestRecord], server_timings: dict | None, quiet: Sequence[str]) -> dict:
+    """Where the quiet tenants' TTFT goes: the router's own (arrival → first token, its timing
+    records) and what the client saw beyond it (client TTFT − router TTFT, per request matched by
+    response id: the HTTP path both ways and the client's own loop), p50 and p99."""
+    server = {t["request_id"]: t for t in (server_timings or {}).get("records", [])}
+    router, extra = [], []
+    for r in records:
+        if r.tenant not in quiet or not r.ok or r.warmup:
+            continue
+        match = server.get(server_request_id(r.server_id) or "")
+        mine = ttft(r)
+        if match is None or match.get("ttft") is None or mine is None:
+            continue
+        router.append(match["ttft"])
+        extra.append(mine - match["ttft"])
+    at_router, beyond = percentiles(router, (50, 99)), percentiles(extra, (50, 99))
+    return {
+        "matched": len(router), "router_ttft_p50_s": at_router["p50"], "router_ttft_p99_s": at_router["p99"],
+        "client_extra_p50_s": beyond["p50"], "client_extra_p99_s": beyond["p99"],
+    }  # fmt: skip
 
 
 def compact(summary: dict) -> dict:
@@ -85,7 +108,10 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
     jall = Row(name, "Jain, every group of ≥ 2 incl. within-share (mean)", "", "j")
     client = Row(name, "load generator's loop lag p99 (its latencies grow with it)", "", "ms")
     router = Row(name, "router's loop lag p99", "", "ms")
-    rows = [p99, ratio, att, jmean, jmin, jall, client, router]
+    at_router = Row(name, "quiet TTFT p99 at the router (arrival → first token)", "", "s")
+    extra50 = Row(name, "quiet: client TTFT − router TTFT, p50", "", "s")
+    extra99 = Row(name, "quiet: client TTFT − router TTFT, p99", "", "s")
+    rows = [p99, ratio, att, jmean, jmin, jall, at_router, extra50, extra99, client, router]
     for policy, run in runs.items():
         q = run.get("quiet_ttft_p99_s")
         p99.values[policy] = q
@@ -100,6 +126,10 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
         meta = run.get("meta", {})
         client.values[policy] = (meta.get("client_loop_lag_ms") or {}).get("p99_ms")
         router.values[policy] = (meta.get("router_loop_lag_ms") or {}).get("p99_ms")
+        split = run.get("quiet_split") or {}
+        at_router.values[policy] = split.get("router_ttft_p99_s")
+        extra50.values[policy] = split.get("client_extra_p50_s")
+        extra99.values[policy] = split.get("client_extra_p99_s")
     return [*rows, *tenant_rows(name, runs)]
 
 
@@ -147,7 +177,8 @@ def target_rows(results: dict) -> list[Row]:
         for name, run in per.items():
             if "summary" in run:
                 by_scenario.setdefault(name, {})[policy] = run["summary"] | {
-                    "quiet_ttft_p99_s": run.get("quiet_ttft_p99_s")
+                    "quiet_ttft_p99_s": run.get("quiet_ttft_p99_s"),
+                    "quiet_split": run.get("quiet_split"),
                 }
     rows: list[Row] = []
     for name, per_policy in by_scenario.items():

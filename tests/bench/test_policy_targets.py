@@ -8,7 +8,14 @@ from rich.console import Console
 from bench.policy_plan import GPU, at_capacity, solo_of
 from bench.policy_run import parser, pick_plan
 from bench.policy_table import cell, policy_table
-from bench.policy_targets import mixed_rows, noisy_rows, over_share_jain, quiet_ttft_p99, target_rows
+from bench.policy_targets import (
+    mixed_rows,
+    noisy_rows,
+    over_share_jain,
+    quiet_split,
+    quiet_ttft_p99,
+    target_rows,
+)
 from loadtest.capacity import offered_output_tps
 from loadtest.plan import build_open_plan
 from tests.loadtest.trace import rec
@@ -33,6 +40,7 @@ def noisy_run(quiet_p99: float, within_ttft: float, jains: tuple[float, float]) 
         "attainment_by_share": {"interactive": {"within": {"ttft_attainment": within_ttft}}},
         "quiet_ttft_p99_s": quiet_p99,
         "meta": {"client_loop_lag_ms": {"p99_ms": 56.8}, "router_loop_lag_ms": {"p99_ms": 22.0}},
+        "quiet_split": {"router_ttft_p99_s": 0.1, "client_extra_p50_s": 0.02, "client_extra_p99_s": 0.15},
     }
 
 
@@ -52,6 +60,9 @@ def test_noisy_targets_per_policy() -> None:
     # whether the measurement kept up: the load generator's loop, then the router's
     assert rows["load generator's loop lag p99 (its latencies grow with it)"].values["fairlane"] == 56.8
     assert rows["router's loop lag p99"].values["fcfs"] == 22.0
+    # where the quiet TTFT goes: the router's own, then what the client saw beyond it
+    assert rows["quiet TTFT p99 at the router (arrival → first token)"].values["fairlane"] == 0.1
+    assert rows["quiet: client TTFT − router TTFT, p99"].values["fcfs"] == 0.15
 
 
 def test_noisy_targets_without_solo_or_groups_are_undecided() -> None:
@@ -81,7 +92,8 @@ def test_table_prints_every_policy_with_met_or_missed() -> None:
         "solo": {"quiet_ttft_p99_s": 0.5},
         "notes": ["fcfs/noisy-neighbour-pairs: skipped, 10s of the budget left"],
     }  # fmt: skip
-    assert len(target_rows(results)) == 8 + 3 * 4  # 6 targets and context, 2 loop lags, 3 per tenant
+    # 6 targets and context, 3 of the quiet split, 2 loop lags, 3 per tenant
+    assert len(target_rows(results)) == 11 + 3 * 4
     console = Console(width=200, record=True)
     console.print(policy_table(results))
     text = console.export_text()
@@ -112,3 +124,26 @@ def test_options_make_the_plan() -> None:
     assert plan.ordered_policies() == ("fairlane", "fcfs") and plan.capacity_tps == 1000.0
     with pytest.raises(SystemExit):
         pick_plan(parser().parse_args(["--out", "x", "--policies", "lifo"]))
+
+
+def test_quiet_split_matches_client_records_to_the_routers_by_response_id() -> None:
+    def served(tenant: str, sent: float, first: float, server_id: str | None, warmup: bool = False):
+        r = rec(tenant, sent=sent, tokens=(first,), end=first + 1)
+        r.server_id, r.warmup = server_id, warmup
+        return r
+
+    records = [
+        served("a", 0.0, 0.30, "chatcmpl-r1"),  # client TTFT 0.30, router 0.10: 0.20 beyond it
+        served("b", 1.0, 1.05, "cmpl-r2"),  # 0.05 and 0.04: 0.01 beyond
+        served("noisy", 2.0, 9.0, "chatcmpl-r3"),  # not a quiet tenant
+        served("a", 3.0, 3.5, "chatcmpl-r4", warmup=True),  # warm-up: not measured
+        served("b", 4.0, 4.2, None),  # no response id: cannot be matched
+    ]
+    router_ttfts = {"r1": 0.10, "r2": 0.04, "r3": 0.5, "r4": 0.1}
+    timings = {"records": [{"request_id": rid, "ttft": t} for rid, t in router_ttfts.items()]}
+    split = quiet_split(records, timings, ["a", "b"])
+    assert split["matched"] == 2
+    assert split["router_ttft_p99_s"] == pytest.approx(0.04 + 0.99 * 0.06)
+    assert split["client_extra_p50_s"] == pytest.approx((0.20 + 0.01) / 2)
+    assert split["client_extra_p99_s"] == pytest.approx(0.01 + 0.99 * 0.19)
+    assert quiet_split(records, None, ["a"])["matched"] == 0  # a run folder without server timings
