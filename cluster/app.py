@@ -89,12 +89,24 @@ def serve_logging(config: AppConfig) -> dict[str, Any]:
     return {"enable_access_log": config.serve_access_log}
 
 
+# Serve reads it when a replica's process starts: set in the router actors' environment only.
+USER_CODE_THREAD_VAR = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
+
+
+def router_actor_options(config: AppConfig) -> dict[str, Any]:
+    """Ray options of a router actor: no CPU reserved; its code on Serve's loop when asked."""
+    options: dict[str, Any] = {"num_cpus": 0}
+    if config.router_on_serve_loop:
+        options["runtime_env"] = {"env_vars": {USER_CODE_THREAD_VAR: "0"}}
+    return options
+
+
 def router_options(config: AppConfig) -> dict[str, Any]:
     """Serve options of the ingress (router) deployment."""
     return {
         "name": ROUTER_DEPLOYMENT,
         "num_replicas": config.num_routers,
-        "ray_actor_options": {"num_cpus": 0},
+        "ray_actor_options": router_actor_options(config),
         "max_ongoing_requests": 10_000,
         # A router holds each client's stream until the replica's ends: it may not stop sooner.
         **graceful_shutdown(config),

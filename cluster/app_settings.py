@@ -151,6 +151,16 @@ class AppSettings(_Frozen):
             "then runs on the head node only (still on `port`); a stopping router stays up at least 30 s."
         ),
     )
+    router_on_serve_loop: bool = Field(
+        default=True,
+        description=(
+            "The routers' own code runs on their Serve replica's event loop "
+            "(RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 in the router actors' environment), not on "
+            "a second loop in a thread of its own: no hop between threads for each ASGI message and "
+            "each streamed piece. Measured on the CPU box: about a quarter less router + proxy CPU per "
+            "stream. False: Serve's default thread."
+        ),
+    )
     serve_access_log: bool = Field(
         default=False,
         description=(

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 import ray
@@ -328,6 +329,7 @@ class Ingress:
             "quota_store_degraded": self.core.degraded,
             "rss_bytes": rss_bytes(),
             "loop_lag": self.loop_lag.snapshot(),
+            "loop_thread": threading.current_thread().name,  # Serve's own, or its user-code thread
             "loop_holds": self.loop_holds.snapshot(),
             "stream_channel": {"frames": self.channel.frames, "outputs": self.channel.outputs},
             "direct_dispatch": self.core.direct_sent(),

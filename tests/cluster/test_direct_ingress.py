@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from cluster.ops.direct_ingress import FIRST_PORT, LAST_PORT
-from tenancy import DEMO_KEYS
+from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
 from tests.faults.fault_helpers import MODEL, wait_for
 from tests.redis_server import free_port
 
@@ -109,6 +109,11 @@ def test_the_router_answers_on_its_own_port(served: tuple[subprocess.Popen[bytes
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens
+
+    # The router's code runs on Serve's own loop (router_on_serve_loop), not in Serve's user-code thread.
+    admin = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
+    state = httpx.get(f"{url}/admin/state", headers=admin, timeout=10).json()
+    assert "_run_user_code_event_loop" not in state["loop_thread"], state["loop_thread"]
 
     # The proxy (head node) still routes to the same router.
     proxied = httpx.post(

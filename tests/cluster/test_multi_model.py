@@ -62,6 +62,7 @@ def multi_url(ray_serve: int, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "replica_room": 2,
         "load_poll_interval_s": 0.5,
         "queue_timeout_s": 600.0,
+        "router_on_serve_loop": False,  # Serve's default thread for user code (the other apps: its loop)
     }
     start_app(APP, "/multi", config)
     yield f"http://127.0.0.1:{ray_serve}/multi"
@@ -90,6 +91,8 @@ def test_each_model_answers_under_its_own_name(multi_url: str) -> None:
     # Each model ran on its own deployment: the first keeps the one-model name.
     status = serve.status().applications[APP].deployments
     assert {"Replica", f"Replica-{RANDOM}", "Router"} <= set(status)
+    # router_on_serve_loop off: the router's code runs in Serve's user-code thread.
+    assert "_run_user_code_event_loop" in admin_state(multi_url)["loop_thread"]
     # Every replica's own load names its model (/admin/state replica_loads).
     assert wait_until(
         lambda: (

@@ -8,7 +8,7 @@ import os
 from collections.abc import AsyncIterator
 
 from bench.router_cost import PacedReplica
-from cluster.app import replica_options, router_options
+from cluster.app import USER_CODE_THREAD_VAR, replica_options, router_options
 from cluster.config import AppConfig
 from cluster.edge.responses import ResponseMeta, sse_stream
 from cluster.routing.dispatcher import Dispatcher
@@ -61,6 +61,13 @@ def test_access_log_is_off_unless_asked_for() -> None:
     for options in (router_options, replica_options):
         assert options(quiet)["logging_config"] == {"enable_access_log": False}
         assert options(loud)["logging_config"] == {"enable_access_log": True}
+
+
+def test_router_code_runs_on_serves_loop_unless_asked_otherwise() -> None:
+    on, off = router_options(AppConfig()), router_options(AppConfig(router_on_serve_loop=False))
+    assert on["ray_actor_options"]["runtime_env"] == {"env_vars": {USER_CODE_THREAD_VAR: "0"}}
+    assert "runtime_env" not in off["ray_actor_options"]  # Serve's default: a thread of its own
+    assert "runtime_env" not in replica_options(AppConfig())["ray_actor_options"]  # routers only
 
 
 class _Handle:

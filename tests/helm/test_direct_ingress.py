@@ -11,6 +11,7 @@ import pytest
 from ray.serve._private import constants as serve_constants
 from ray.serve.schema import ServeDeploySchema
 
+from cluster.app import router_actor_options
 from cluster.config import AppConfig
 from cluster.edge.ingress import ROUTER_DEPLOYMENT
 from cluster.ops.direct_ingress import FIRST_PORT
@@ -67,7 +68,10 @@ def test_routers_are_pinned_to_the_head_one_resource_unit_each(on: Rendered) -> 
     (app,) = on.serve_config["applications"]
     (router,) = app["deployments"]
     assert router["name"] == ROUTER_DEPLOYMENT
-    assert router["ray_actor_options"] == {"num_cpus": 0, "resources": {"fairlane_router": 1}}
+    # The override replaces the code's actor options whole: it keeps their runtime env (Serve's loop).
+    assert router["ray_actor_options"] == {"num_cpus": 0, "resources": {"fairlane_router": 1}} | {
+        "runtime_env": router_actor_options(AppConfig.model_validate(on.app_args))["runtime_env"]
+    }
     ServeDeploySchema.model_validate(on.serve_config)  # Serve accepts the config as KubeRay sends it
     for group in on.cluster["workerGroupSpecs"]:
         assert "fairlane_router" not in group["rayStartParams"].get("resources", "")

@@ -38,7 +38,8 @@ being for HAProxy, which fairlane does not run). Router n listens on 30000 + n. 
 {{- end }}
 {{- end }}
 
-{{/* serveConfigV2's override of the router deployment: on the head pod, still no CPU reserved. */}}
+{{/* serveConfigV2's override of the router deployment: on the head pod, still no CPU reserved. It replaces
+the code's ray_actor_options whole, so it repeats their runtime env (cluster/app.py router_actor_options). */}}
 {{- define "fairlane.router.deployments" -}}
 deployments:
   - name: {{ include "fairlane.router.deployment" . }}
@@ -46,4 +47,9 @@ deployments:
       num_cpus: 0
       resources:
         {{ include "fairlane.router.resource" . }}: 1
+{{- if ne .Values.app.router_on_serve_loop false }}
+      runtime_env:
+        env_vars:
+          RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD: "0"
+{{- end }}
 {{- end }}
