@@ -101,11 +101,30 @@ def router_actor_options(config: AppConfig) -> dict[str, Any]:
     return options
 
 
+def router_count(config: AppConfig) -> dict[str, Any]:
+    """A fixed number of routers, or Serve autoscaling of them on their ongoing requests."""
+    a = config.router_autoscaling
+    if a is None:
+        return {"num_replicas": config.num_routers}
+    return {
+        "autoscaling_config": AutoscalingConfig(
+            min_replicas=a.min_routers,
+            max_replicas=a.max_routers,
+            initial_replicas=a.first,
+            target_ongoing_requests=a.target_ongoing_requests,
+            upscale_delay_s=a.upscale_delay_s,
+            downscale_delay_s=a.downscale_delay_s,
+            metrics_interval_s=a.metrics_interval_s,
+            look_back_period_s=max(2.0, 4 * a.metrics_interval_s),
+        )
+    }
+
+
 def router_options(config: AppConfig) -> dict[str, Any]:
     """Serve options of the ingress (router) deployment."""
     return {
         "name": ROUTER_DEPLOYMENT,
-        "num_replicas": config.num_routers,
+        **router_count(config),
         "ray_actor_options": router_actor_options(config),
         "max_ongoing_requests": 10_000,
         # A router holds each client's stream until the replica's ends: it may not stop sooner.

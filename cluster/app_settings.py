@@ -15,6 +15,7 @@ from cluster.model_settings import (
     ModelSettings,
     ToolCallParser,
 )
+from cluster.router_settings import RouterAutoscalingSettings
 from tenancy.dispatch_policy import DispatchPolicy
 
 
@@ -46,7 +47,14 @@ class AppSettings(_Frozen):
     replica_num_gpus: float | None = Field(
         default=None, ge=0, description="GPUs per replica; None = 1 when CUDA is present, else 0."
     )
-    num_routers: int = Field(default=1, ge=1, description="Ingress (router) replicas.")
+    num_routers: int = Field(
+        default=1, ge=1, description="Ingress (router) replicas (ignored with router_autoscaling)."
+    )
+    router_autoscaling: RouterAutoscalingSettings | None = Field(
+        default=None,
+        description="Serve autoscaling of the routers on their own load (ongoing requests per router); "
+        "None: num_routers. More than one router needs redis_url.",
+    )
     tenancy_config: str | None = Field(default=None, description="Tenancy YAML path; None = the demo config.")
     redis_url: str | None = Field(
         default=None, description="Shared quota store; None = in-memory per router."

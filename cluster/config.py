@@ -59,6 +59,22 @@ class AppConfig(AppSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _routers_share_state(self) -> AppConfig:
+        # Each router alone would grant every tenant its whole quota: N routers, N times over.
+        if self.router_autoscaling and self.router_autoscaling.max_routers > 1 and not self.redis_url:
+            raise ValueError("router_autoscaling with max_routers > 1 needs redis_url (shared quota state)")
+        return self
+
+    @property
+    def initial_routers(self) -> int:
+        """Routers the app starts with (the count until the routers' own poll sees the running ones)."""
+        return self.router_autoscaling.first if self.router_autoscaling else self.num_routers
+
+    @property
+    def most_routers(self) -> int:
+        return self.router_autoscaling.max_routers if self.router_autoscaling else self.num_routers
+
     @property
     def served_models(self) -> tuple[ModelSettings, ...]:
         """Every served model, resolved: the ``models`` list, or the one model of the top-level fields."""
@@ -90,7 +106,7 @@ class AppConfig(AppSettings):
     @property
     def fallback_fraction(self) -> float:
         # 1/N keeps N routers together near the quota during a Redis outage (one refill window at most).
-        return self.redis_fallback_fraction or 1.0 / self.num_routers
+        return self.redis_fallback_fraction or 1.0 / self.most_routers
 
     @property
     def graceful_shutdown_s(self) -> float:

@@ -29,7 +29,7 @@ from cluster.errors import Draining, Forbidden, error_response
 from cluster.ledger.rows import key_id as api_key_id
 from cluster.routing.live_replicas import live_replicas
 from cluster.routing.model_pool import ModelPool
-from cluster.routing.replica_monitor import MonitorLoop, ReplicaMonitor, running_replicas
+from cluster.routing.replica_monitor import MonitorLoop, ReplicaMonitor, running_counts, running_replicas
 from cluster.routing.router_core import RouterCore
 from cluster.routing.stream_receiver import StreamReceiver
 from cluster.routing.tenancy_sync import Deployment, TenancySync
@@ -282,7 +282,7 @@ class Ingress:
             pool.dispatcher,
             self.core.metrics,
             self.cfg.load_poll_interval_s,
-            lambda: running_replicas(app, pool.deployment),
+            lambda: running_counts(app, (pool.deployment, ROUTER_DEPLOYMENT)),
             model=pool.name,
         )
 
@@ -314,7 +314,7 @@ class Ingress:
             self.cfg,
             Deployment(app, generation, self.router_id),
             lambda tenancy: self.core.apply_tenancy(tenancy),
-            lambda: running_replicas(app, ROUTER_DEPLOYMENT) or self.cfg.num_routers,
+            lambda: running_replicas(app, ROUTER_DEPLOYMENT) or self.cfg.initial_routers,
         )
 
     def _state(self) -> dict:

@@ -17,7 +17,9 @@ from ray import serve
 from cluster.app import StandIn, compose, serve_logging
 from cluster.config import AppConfig
 from cluster.drain import drain
+from cluster.edge.ingress import ROUTER_DEPLOYMENT
 from cluster.ops.direct_ingress import direct_ingress_env
+from cluster.routing.replica_monitor import running_replicas
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,8 @@ def local_cluster(
         yield deploy(config, replicas=replicas)
         # Leaving the block normally (SIGTERM or Ctrl-C in ``fairlane serve``, the end of a demo):
         # stop admitting (503 + Retry-After) and let in-flight streams finish, within the drain time.
-        drained = drain(APP_NAME, config.num_routers, config.drain_timeout_s)
+        routers = running_replicas(APP_NAME, ROUTER_DEPLOYMENT) or config.initial_routers  # autoscaled: now
+        drained = drain(APP_NAME, routers, config.drain_timeout_s)
         log.info("drain %s", "complete" if drained else f"cut short after {config.drain_timeout_s:.0f}s")
     finally:
         stop_serve_and_ray(owns_ray)

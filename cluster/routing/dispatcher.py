@@ -118,6 +118,13 @@ class Dispatcher:
             self._replicas = replicas
             self._kick()
 
+    def set_routers(self, routers: int) -> None:
+        """Routers sharing the replicas' room now (routers that autoscale, or one restarting)."""
+        routers = max(1, routers)
+        if routers != self._routers:
+            self._routers = routers
+            self._kick()  # a larger share may free slots at once
+
     def set_live(self, replica_ids: frozenset[str]) -> None:
         """The replicas Serve routes to now: slots on any other replica stop taking room."""
         if replica_ids == self._live:

@@ -97,7 +97,7 @@ class ModelPool:
         self.dispatcher = Dispatcher(
             FairQueue.from_config(self.tenancy, order=config.dispatch_policy),
             model.replica_room,
-            config.num_routers,
+            config.initial_routers,
             replicas=model.min_replicas,
             queue_timeout_s=config.queue_timeout_s,
         )

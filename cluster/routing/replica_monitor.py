@@ -29,12 +29,18 @@ STALE_POLLS = 40  # a replica's load unseen for this many polls is dropped (each
 
 def running_replicas(app_name: str, deployment: str) -> int | None:
     """RUNNING replicas of ``deployment`` from the Serve controller, or None when unknown."""
-    status = serve.status()
-    app = status.applications.get(app_name)
-    if app is None or deployment not in app.deployments:
-        return None
-    states = app.deployments[deployment].replica_states
-    return int(states.get("RUNNING", 0))
+    return running_counts(app_name, (deployment,))[0]
+
+
+def running_counts(app_name: str, deployments: Sequence[str]) -> tuple[int | None, ...]:
+    """RUNNING replicas of each deployment (None when unknown), from one controller status call."""
+    app = serve.status().applications.get(app_name)
+    if app is None:
+        return tuple(None for _ in deployments)
+    return tuple(
+        int(app.deployments[d].replica_states.get("RUNNING", 0)) if d in app.deployments else None
+        for d in deployments
+    )
 
 
 class ReplicaMonitor:
@@ -46,9 +52,10 @@ class ReplicaMonitor:
         dispatcher: Dispatcher,
         metrics: ClusterMetrics,
         interval_s: float,
-        count: Callable[[], int | None],
+        count: Callable[[], tuple[int | None, int | None]],
         model: str = "",
     ) -> None:
+        """``count``: the model's running replicas and the app's running routers (None: unknown)."""
         self._handle = handle
         self._dispatcher = dispatcher
         self._metrics = metrics
@@ -60,14 +67,16 @@ class ReplicaMonitor:
 
     async def poll_once(self, profile: bool = False) -> None:
         try:
-            count = await asyncio.wait_for(asyncio.to_thread(self._count), self._interval * 5)
-        except Exception as exc:  # the controller is busy or restarting: keep the previous count
+            count, routers = await asyncio.wait_for(asyncio.to_thread(self._count), self._interval * 5)
+        except Exception as exc:  # the controller is busy or restarting: keep the previous counts
             log.warning("replica count poll failed (%s): %s", self.model, exc)
-            count = None
+            count = routers = None
         if count is not None:
             self.replicas = count
             self._dispatcher.set_replicas(count)
             self._metrics.replicas.labels(self.model).set(count)
+        if routers:  # 0 while this router itself is not yet RUNNING: keep the configured count
+            self._dispatcher.set_routers(routers)
         live = live_replicas(self._handle.app_name, self._handle.deployment_name)
         if live:  # empty: every replica is stopping; their requests keep the room until they end
             self._dispatcher.set_live(live)

@@ -167,6 +167,24 @@ async def test_one_clock_read_per_kick() -> None:
     assert reads == 1
 
 
+async def test_the_room_is_shared_over_the_routers_running_now() -> None:
+    queue = FairQueue.from_config(default_tenancy_config())
+    # No displacing: an interactive request would go past a full room (tested above).
+    d = Dispatcher(queue, 8, num_routers=2, replicas=1, queue_timeout_s=5.0, displace=False)
+    assert d.capacity == 4  # half of one replica's room of 8
+    tenants = ("alice", "bob", "carol")
+    waiting = [asyncio.create_task(d.wait_turn(item(d, f"r{i}", tenants[i % 3]))) for i in range(6)]
+    await asyncio.sleep(0.01)
+    assert d.in_flight == 4 and sum(w.done() for w in waiting) == 4
+    d.set_routers(1)  # the other router stopped (scaled down): this one takes the whole room at once
+    await asyncio.wait_for(asyncio.gather(*waiting), 1)
+    assert d.capacity == 8 and d.in_flight == 6
+    d.set_routers(4)  # two more joined: a smaller share; what is in flight stays
+    assert d.capacity == 2 and d.in_flight == 6
+    d.set_routers(0)  # never below one router
+    assert d.capacity == 8
+
+
 class _Handle:
     """Stands in for the replicas' DeploymentHandle: RouterCore only asks it for options here."""
 

@@ -1,4 +1,5 @@
-"""Two routers sharing Redis quotas, and Serve autoscaling of the replicas, each on an app of its own."""
+"""Two routers sharing Redis quotas, and Serve autoscaling of the replicas and of the routers, each on an
+app of its own."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ray import serve
 
 from tests.cluster.helpers import ADMIN, CAPPED_KEY, CAROL, MODEL, start_app, wait_until
 
-REDIS_APP, SCALE_APP = "fl-redis", "fl-scale"
+REDIS_APP, SCALE_APP, ROUTERS_APP = "fl-redis", "fl-scale", "fl-routers"
 
 
 @pytest.fixture  # function scope: redis_prefix (a fresh key prefix) is per test
@@ -83,8 +84,8 @@ def scale_app(ray_serve: int, app_config: dict) -> Iterator[str]:
     serve.delete(SCALE_APP)
 
 
-def _running(app: str) -> int:
-    deployment = serve.status().applications[app].deployments["Replica"]
+def _running(app: str, deployment_name: str = "Replica") -> int:
+    deployment = serve.status().applications[app].deployments[deployment_name]
     return deployment.replica_states.get("RUNNING", 0)
 
 
@@ -110,4 +111,53 @@ def test_replicas_scale_up_under_load_and_down_after(scale_app: str) -> None:
     assert "fairlane_replicas" in room
     started = time.monotonic()
     assert wait_until(lambda: _running(SCALE_APP) == 1, timeout_s=90, interval_s=0.5)
+    assert time.monotonic() - started >= 1.0  # not instant: the downscale delay applies
+
+
+@pytest.fixture
+def routers_app(ray_serve: int, app_config: dict, redis_url: str, redis_prefix: str) -> Iterator[str]:
+    router_autoscaling = {
+        "min_routers": 1,
+        "max_routers": 2,
+        # Four closed-loop clients keep about four requests open at the router: twice the target of
+        # two routers, so the count settles at the most, not on the edge between 1 and 2.
+        "target_ongoing_requests": 1.0,
+        "upscale_delay_s": 1.0,
+        "downscale_delay_s": 4.0,
+        "metrics_interval_s": 0.5,
+    }
+    config = app_config | {
+        "router_autoscaling": router_autoscaling, "redis_url": redis_url, "redis_prefix": redis_prefix,
+    }  # fmt: skip
+    start_app(ROUTERS_APP, "/routers", config)
+    yield f"http://127.0.0.1:{ray_serve}/routers"
+    serve.delete(ROUTERS_APP)
+
+
+def test_routers_scale_up_on_their_own_load_and_down_after(routers_app: str) -> None:
+    assert _running(ROUTERS_APP, "Router") == 1
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            codes.append(_post(routers_app, CAROL, 32).status_code)
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        scaled = wait_until(lambda: _running(ROUTERS_APP, "Router") == 2, timeout_s=150, interval_s=0.5)
+        assert scaled, serve.status().applications[ROUTERS_APP].deployments["Router"]
+        # Both routers take requests (the proxy spreads them), and every one is answered.
+        before = len(codes)
+        assert wait_until(lambda: len(codes) >= before + 4, timeout_s=120)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert codes and all(code == 200 for code in codes), codes
+    assert _running(ROUTERS_APP, "Replica") == 1  # the routers scaled, not the replicas
+    started = time.monotonic()
+    assert wait_until(lambda: _running(ROUTERS_APP, "Router") == 1, timeout_s=90, interval_s=0.5)
     assert time.monotonic() - started >= 1.0  # not instant: the downscale delay applies

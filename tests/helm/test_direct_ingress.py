@@ -109,3 +109,13 @@ def test_own_head_resources_conflict_with_the_pinning() -> None:
     values = ON | {"head": {"rayStartParams": {"resources": '"{\\"x\\": 1}"'}}}
     with pytest.raises(helm_python.HelmError, match=re.escape("head.rayStartParams.resources")):
         render(values)
+
+
+def test_autoscaled_routers_get_the_head_room_of_the_most() -> None:
+    # One resource unit and one port per router that may run, so any of them can start on the head.
+    r = render({"app": {"direct_ingress": True, "router_autoscaling": {"min_routers": 1, "max_routers": 5}}})
+    assert AppConfig.model_validate(r.app_args).router_autoscaling.max_routers == 5
+    assert json.loads(json.loads(_head(r)["rayStartParams"]["resources"])) == {"fairlane_router": 5}
+    ports = [p["name"] for p in _head(r)["template"]["spec"]["containers"][0]["ports"]]
+    assert [p for p in ports if p.startswith("router-")] == [f"router-{n}" for n in range(5)]
+    assert len(r.one("Service", ROUTER_SERVICE)["spec"]["ports"]) == 5

@@ -228,6 +228,16 @@ def test_pod_annotations_change_when_tenants_change(default: Rendered) -> None:
             "num_routers > 1 needs Redis",
         ),
         ({"redis": {"enabled": False}, "app": {"num_routers": 1}}, "gcsFaultTolerance.enabled needs Redis"),
+        (
+            {
+                "redis": {"enabled": False},
+                "gcsFaultTolerance": {"enabled": False},
+                "app": {"num_routers": 1, "router_autoscaling": {"max_routers": 2}},
+            },
+            "so does router_autoscaling with max_routers > 1",
+        ),
+        ({"app": {"router_autoscaling": {"min_routers": 3, "max_routers": 2}}}, "max_routers must be >="),
+        ({"app": {"router_autoscaling": {"initial_routers": 5}}}, "initial_routers must lie between"),
         ({"redis": {"enabled": False}, "externalRedis": {"host": "r"}}, "needs a Redis password Secret"),
         ({"tenancy": {"keys": {"api_key_hashes": DEMO_KEYS[1:]}}}, "tenant alice has no API key hash"),
         (

@@ -10,6 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from cluster.config import AppConfig, AutoscalingSettings, EngineSettings, ModelSettings
+from cluster.router_settings import RouterAutoscalingSettings
 from tests.helm.chart import ROOT, Rendered, chart, chart_defaults, ci_values, render
 
 CHART_OWNED = {"tenancy_config", "redis_url", "host", "port"}
@@ -89,6 +90,7 @@ def _resolved(node: dict, schema: dict) -> dict:
         (("app",), AppConfig, CHART_OWNED),
         (("app", "engine"), EngineSettings, set()),
         (("app", "autoscaling"), AutoscalingSettings, set()),
+        (("app", "router_autoscaling"), RouterAutoscalingSettings, set()),
         (("app", "models", "[]"), ModelSettings, set()),
         (("app", "models", "[]", "engine"), EngineSettings, set()),
         (("app", "models", "[]", "autoscaling"), AutoscalingSettings, set()),

@@ -179,8 +179,19 @@ applications:
 {{- end }}
 {{- end }}
 {{- include "fairlane.validateModels" . }}
-{{- if and (gt (int .Values.app.num_routers) 1) (not (include "fairlane.redis.configured" .)) }}
-{{- fail "app.num_routers > 1 needs Redis for shared quota state: set redis.enabled or externalRedis.host" }}
+{{- $r := .Values.app.router_autoscaling }}
+{{- if $r }}
+{{- $least := int (default 1 $r.min_routers) }}
+{{- $most := int (default 4 $r.max_routers) }}
+{{- if lt $most $least }}
+{{- fail "app.router_autoscaling.max_routers must be >= min_routers" }}
+{{- end }}
+{{- if and (not (kindIs "invalid" $r.initial_routers)) (or (lt (int $r.initial_routers) $least) (gt (int $r.initial_routers) $most)) }}
+{{- fail "app.router_autoscaling.initial_routers must lie between min_routers and max_routers" }}
+{{- end }}
+{{- end }}
+{{- if and (gt (int (include "fairlane.router.most" .)) 1) (not (include "fairlane.redis.configured" .)) }}
+{{- fail "app.num_routers > 1 needs Redis for shared quota state (so does router_autoscaling with max_routers > 1): set redis.enabled or externalRedis.host" }}
 {{- end }}
 {{- if and .Values.app.direct_ingress (hasKey (.Values.head.rayStartParams | default dict) "resources") }}
 {{- fail "head.rayStartParams.resources: with app.direct_ingress the chart sets the head's resources (the routers' fairlane_router units)" }}

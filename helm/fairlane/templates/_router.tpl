@@ -11,6 +11,11 @@ being for HAProxy, which fairlane does not run). Router n listens on 30000 + n. 
 {{/* The routers' deployment name: ROUTER_DEPLOYMENT in cluster/edge/ingress.py. */}}
 {{- define "fairlane.router.deployment" -}}Router{{- end }}
 
+{{/* The most routers that may run: num_routers, or router_autoscaling's max_routers (its default 4). */}}
+{{- define "fairlane.router.most" -}}
+{{- if .Values.app.router_autoscaling }}{{ int (default 4 .Values.app.router_autoscaling.max_routers) }}{{ else }}{{ int .Values.app.num_routers }}{{ end }}
+{{- end }}
+
 {{/* The custom Ray resource of the head pod that the routers ask for, one unit each. */}}
 {{- define "fairlane.router.resource" -}}fairlane_router{{- end }}
 
@@ -26,13 +31,13 @@ being for HAProxy, which fairlane does not run). Router n listens on 30000 + n. 
 
 {{/* The head's ray start resources: KubeRay's quoted-JSON form of --resources. */}}
 {{- define "fairlane.router.headResources" -}}
-{{ printf "\"{\\\"%s\\\": %d}\"" (include "fairlane.router.resource" .) (int .Values.app.num_routers) | squote }}
+{{ printf "\"{\\\"%s\\\": %d}\"" (include "fairlane.router.resource" .) (int (include "fairlane.router.most" .)) | squote }}
 {{- end }}
 
-{{/* The head container's router ports, router-0 ... router-(num_routers - 1). */}}
+{{/* The head container's router ports, router-0 ... router-(most routers - 1). */}}
 {{- define "fairlane.router.containerPorts" -}}
 {{- $first := int (include "fairlane.router.firstPort" .) }}
-{{- range $i := until (int .Values.app.num_routers) }}
+{{- range $i := until (int (include "fairlane.router.most" .)) }}
 - name: router-{{ $i }}
   containerPort: {{ add $first $i }}
 {{- end }}
