@@ -63,9 +63,17 @@ class TcpProxy:
         self._writers.clear()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)  # a stop while the upstream connects cuts this one too
+        serving = self._server
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
+            writer.transport.abort()
+            return
+        if self._server is None or self._server is not serving:
+            # Stopped (or stopped and started) while connecting: the connection must not outlive
+            # the outage, or a write "during" it would go through.
+            up_writer.transport.abort()
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
