@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -34,12 +35,19 @@ class SpillFile:
         self.path = self.folder / f"{PREFIX}{_safe(owner)}.jsonl"
         self.max_rows = max_rows
         self.dropped = 0
+        # One operation at a time: a spill cancelled on the writer's loop still runs in its worker
+        # thread, and a close racing it saw no rows and unlinked the file the rows were going to.
+        self._lock = threading.Lock()
         self._own: IO[str] = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  # held while alive
         fcntl.flock(self._own, fcntl.LOCK_EX)
         self.rows = sum(1 for _ in self._read(self._own))
 
     def append(self, rows: list[LedgerRow]) -> int:
         """Write ``rows`` (as many as the bound allows, synced); how many were written."""
+        with self._lock:
+            return self._append(rows)
+
+    def _append(self, rows: list[LedgerRow]) -> int:
         room = max(0, self.max_rows - self.rows)
         kept = rows[:room]
         self.dropped += len(rows) - len(kept)
@@ -57,14 +65,16 @@ class SpillFile:
         ]
 
     def read_own(self) -> list[LedgerRow]:
-        return [LedgerRow.from_dict(d) for d in self._read(self._own)]
+        with self._lock:
+            return [LedgerRow.from_dict(d) for d in self._read(self._own)]
 
     def clear_own(self) -> None:
         """After a replay stored every row: the file starts empty."""
-        self._own.truncate(0)
-        self._own.flush()
-        os.fsync(self._own.fileno())
-        self.rows = 0
+        with self._lock:
+            self._own.truncate(0)
+            self._own.flush()
+            os.fsync(self._own.fileno())
+            self.rows = 0
 
     @contextlib.contextmanager
     def adopt(self, path: Path) -> Iterator[list[LedgerRow] | None]:
@@ -80,10 +90,11 @@ class SpillFile:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        empty = self.rows == 0
-        self._own.close()  # releases the lock
-        if empty:
-            self.path.unlink(missing_ok=True)
+        with self._lock:
+            empty = self.rows == 0
+            self._own.close()  # releases the file lock
+            if empty:
+                self.path.unlink(missing_ok=True)
 
     @staticmethod
     def _read(f: IO[str]) -> Iterator[dict]:
