@@ -62,17 +62,25 @@ def replica_options(config: AppConfig, model: ModelSettings | None = None) -> di
     if a is None:
         opts["num_replicas"] = model.num_replicas
     else:
-        opts["autoscaling_config"] = AutoscalingConfig(
-            min_replicas=a.min_replicas,
-            max_replicas=a.max_replicas,
-            initial_replicas=a.initial_replicas or a.min_replicas,
-            target_ongoing_requests=a.target_ongoing_requests,
-            upscale_delay_s=a.upscale_delay_s,
-            downscale_delay_s=a.downscale_delay_s,
-            metrics_interval_s=a.metrics_interval_s,
-            look_back_period_s=max(2.0, 4 * a.metrics_interval_s),
+        opts["autoscaling_config"] = serve_autoscaling(
+            a.min_replicas, a.max_replicas, a.initial_replicas or a.min_replicas, a
         )
     return opts
+
+
+def serve_autoscaling(least: int, most: int, first: int, pace: Any) -> AutoscalingConfig:
+    """Serve's autoscaling of a deployment (replicas or routers); ``pace`` gives the target ongoing
+    requests, the delays and the report interval."""
+    return AutoscalingConfig(
+        min_replicas=least,
+        max_replicas=most,
+        initial_replicas=first,
+        target_ongoing_requests=pace.target_ongoing_requests,
+        upscale_delay_s=pace.upscale_delay_s,
+        downscale_delay_s=pace.downscale_delay_s,
+        metrics_interval_s=pace.metrics_interval_s,
+        look_back_period_s=max(2.0, 4 * pace.metrics_interval_s),
+    )
 
 
 def graceful_shutdown(config: AppConfig) -> dict[str, Any]:
@@ -106,18 +114,7 @@ def router_count(config: AppConfig) -> dict[str, Any]:
     a = config.router_autoscaling
     if a is None:
         return {"num_replicas": config.num_routers}
-    return {
-        "autoscaling_config": AutoscalingConfig(
-            min_replicas=a.min_routers,
-            max_replicas=a.max_routers,
-            initial_replicas=a.first,
-            target_ongoing_requests=a.target_ongoing_requests,
-            upscale_delay_s=a.upscale_delay_s,
-            downscale_delay_s=a.downscale_delay_s,
-            metrics_interval_s=a.metrics_interval_s,
-            look_back_period_s=max(2.0, 4 * a.metrics_interval_s),
-        )
-    }
+    return {"autoscaling_config": serve_autoscaling(a.min_routers, a.max_routers, a.first, a)}
 
 
 def router_options(config: AppConfig) -> dict[str, Any]:

@@ -81,12 +81,16 @@ class AutoscalingSettings(_Frozen):
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSettings:
-        if self.max_replicas < self.min_replicas:
-            raise ValueError("max_replicas must be >= min_replicas")
-        initial = self.initial_replicas
-        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
-            raise ValueError("initial_replicas must lie between min_replicas and max_replicas")
+        check_scaling_bounds(self.min_replicas, self.max_replicas, self.initial_replicas, "replicas")
         return self
+
+
+def check_scaling_bounds(least: int, most: int, initial: int | None, noun: str) -> None:
+    """min ≤ max, and a given initial count between them (replicas' and routers' autoscaling)."""
+    if most < least:
+        raise ValueError(f"max_{noun} must be >= min_{noun}")
+    if initial is not None and not least <= initial <= most:
+        raise ValueError(f"initial_{noun} must lie between min_{noun} and max_{noun}")
 
 
 class ModelSettings(_Frozen):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster.model_settings import check_scaling_bounds
+
 
 class RouterAutoscalingSettings(BaseModel):
     """Serve autoscaling of the router deployment (``router_autoscaling``)."""
@@ -38,11 +40,7 @@ class RouterAutoscalingSettings(BaseModel):
 
     @model_validator(mode="after")
     def _bounds(self) -> RouterAutoscalingSettings:
-        if self.max_routers < self.min_routers:
-            raise ValueError("max_routers must be >= min_routers")
-        initial = self.initial_routers
-        if initial is not None and not self.min_routers <= initial <= self.max_routers:
-            raise ValueError("initial_routers must lie between min_routers and max_routers")
+        check_scaling_bounds(self.min_routers, self.max_routers, self.initial_routers, "routers")
         return self
 
     @property
