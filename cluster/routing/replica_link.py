@@ -51,7 +51,8 @@ class ReplicaLink:
         future = self._expect(tag)
         self._send(["stats", tag])
         try:
-            return await asyncio.wait_for(future, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await future
         finally:
             self.pending.pop(tag, None)
 

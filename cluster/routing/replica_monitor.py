@@ -67,7 +67,8 @@ class ReplicaMonitor:
 
     async def poll_once(self, profile: bool = False) -> None:
         try:
-            count, routers = await asyncio.wait_for(asyncio.to_thread(self._count), self._interval * 5)
+            async with asyncio.timeout(self._interval * 5):  # not wait_for: it can swallow the stop's cancel
+                count, routers = await asyncio.to_thread(self._count)
         except Exception as exc:  # the controller is busy or restarting: keep the previous counts
             log.warning("replica count poll failed (%s): %s", self.model, exc)
             count = routers = None
@@ -88,7 +89,8 @@ class ReplicaMonitor:
 
     async def _poll_load(self, profile: bool) -> None:
         try:
-            load = await asyncio.wait_for(self._handle.load.remote(), self._interval * 2)
+            async with asyncio.timeout(self._interval * 2):
+                load = await self._handle.load.remote()
             now = time.monotonic()
             self.loads[load["replica_id"]] = load | {"model": self.model, "polled_at": now}
             # A replaced replica stops answering: its last load goes, so the map holds live ones only.
@@ -96,7 +98,8 @@ class ReplicaMonitor:
             self.loads = {rid: v for rid, v in self.loads.items() if v["polled_at"] >= stale}
             self._metrics.observe_load(load, self.model)
             if profile:
-                summary = await asyncio.wait_for(self._handle.profile.remote(), self._interval * 2)
+                async with asyncio.timeout(self._interval * 2):
+                    summary = await self._handle.profile.remote()
                 self._metrics.observe_profile(summary, self.model)
         except Exception as exc:  # a replica being replaced; the next poll tries again
             log.debug("replica load poll failed (%s): %s", self.model, exc)

@@ -227,7 +227,8 @@ class ActiveRequest:
             if isinstance(self.stream, ChannelStream):  # its own timeout: no task per output
                 item = await self.stream.next(timeout_s)
             else:
-                item = await asyncio.wait_for(self.stream.__anext__(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can swallow a cancel
+                    item = await self.stream.__anext__()
         except TimeoutError:
             raise ServiceUnavailable("the replica did not answer in time", code="replica_timeout") from None
         except StopAsyncIteration:

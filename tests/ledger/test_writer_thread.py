@@ -115,6 +115,35 @@ async def test_a_full_queue_drops_and_counts_without_blocking(sqlite_dsn: str, t
     assert writer.dropped == 31
 
 
+async def test_a_close_ends_a_writing_task_that_swallowed_its_cancel(sqlite_dsn: str, tmp_path: Path) -> None:
+    """On Python 3.11 ``asyncio.wait_for`` returns normally when a cancel races the result it waited
+    for (the writer's own wake-up wait did so, a driver's may): the writing task then runs on. The
+    close must still end it, and store every row."""
+    store = LedgerStore(sqlite_dsn)
+    real_insert, inserting, swallowed = store.insert, threading.Event(), []
+
+    async def insert_swallowing_one_cancel(batch):
+        if not swallowed:
+            inserting.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                swallowed.append(True)
+        return await real_insert(batch)
+
+    store.insert = insert_swallowing_one_cancel
+    settings = WriterSettings(interval_s=0.05, batch_rows=100, write_timeout_s=60.0)
+    writer = LedgerWriter(store, SpillFile(tmp_path, "r1", 100_000), settings)
+    writer.start()
+    for r in rows(50):
+        writer.put(r)
+    assert await asyncio.to_thread(inserting.wait, 10)
+    async with asyncio.timeout(20):  # before the fix: forever, the task never ended
+        await writer.close(timeout_s=3)
+    assert swallowed and not writer.thread.running
+    assert await _stored(sqlite_dsn) == 50
+
+
 async def test_a_routers_reports_and_rollup_run_on_the_ledger_thread(
     dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
