@@ -14,6 +14,7 @@ that just finished there.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -32,8 +33,11 @@ class SentSinceReport:
 
     def __init__(self, clock=time.time) -> None:
         self._clock = clock
-        # replica id -> request id -> send, in the order sent (O(1) to drop from the front)
+        # replica id -> request id -> send, in the order sent: their times rise, so the front is
+        # dropped in O(1) and the sends after a report are read from the back, never by a scan.
         self._by_replica: dict[str, OrderedDict[str, _Sent]] = {}
+        # replica id -> sends Serve moved there (``routed``; rare): out of time order, kept apart.
+        self._moved: dict[str, dict[str, _Sent]] = {}
         self._replica_of: dict[str, str] = {}  # request id -> the replica its latest choice named
         self._ended: dict[str, deque[tuple[float, float]]] = {}  # replica id -> (when, tokens) ended
 
@@ -50,7 +54,7 @@ class SentSinceReport:
     def sent_tokens(self, request_id: str) -> float | None:
         """The tokens the request's latest choice counted (None: forgotten or never chosen)."""
         replica_id = self._replica_of.get(request_id)
-        sent = self._by_replica.get(replica_id, {}).get(request_id) if replica_id is not None else None
+        sent = self._find(replica_id, request_id) if replica_id is not None else None
         return None if sent is None else sent.tokens
 
     def routed(self, request_id: str, replica_id: str) -> None:
@@ -58,36 +62,53 @@ class SentSinceReport:
         previous = self._replica_of.get(request_id)
         if previous is None or previous == replica_id:
             return
-        sent = self._by_replica.get(previous, {}).pop(request_id, None)
+        sent = self._pop(previous, request_id)
         if sent is not None:
-            self._by_replica.setdefault(replica_id, OrderedDict())[request_id] = sent
+            self._moved.setdefault(replica_id, {})[request_id] = sent
             self._replica_of[request_id] = replica_id
 
     def tokens(self, replica_id: str, reported_at: float | None) -> float:
         """Tokens sent to the replica after its report of ``reported_at`` (None: no report yet).
-        Sends older than ``FORGET_S`` are dropped from the front (kept in the order they were made),
-        not found by a scan of every send. A send the report counts stays until then: Serve may
-        still route its request elsewhere (``routed`` moves it, and the prefix it will hold)."""
-        sends = self._by_replica.get(replica_id)
-        if not sends:
-            return 0.0
+        Sends older than ``FORGET_S`` are dropped from the front; the sum reads back from the newest
+        send to the first one the report covers. A router sending 500 requests/s kept ~1,250 sends
+        per replica in the window, and summing them all for every candidate of every choice took
+        a sixth of its CPU. A send the report counts stays until forgotten: Serve may still route
+        its request elsewhere (``routed`` moves it, and the prefix it will hold)."""
         now = self._clock()
-        while sends:
-            request_id = next(iter(sends))
-            if now - sends[request_id].at <= FORGET_S:
-                break
-            del sends[request_id]
-            self._replica_of.pop(request_id, None)
         since = reported_at if reported_at is not None else float("-inf")
-        # A moved send may sit behind newer ones: it is left out here once stale.
-        return sum(s.tokens for s in sends.values() if s.at > since and now - s.at <= FORGET_S)
+        total = 0.0
+        sends = self._by_replica.get(replica_id)
+        if sends:
+            while sends:
+                request_id = next(iter(sends))
+                if now - sends[request_id].at <= FORGET_S:
+                    break
+                del sends[request_id]
+                self._replica_of.pop(request_id, None)
+            for sent in reversed(sends.values()):
+                if sent.at <= since:
+                    break
+                total += sent.tokens
+        moved = self._moved.get(replica_id)
+        if moved:
+            for request_id in [r for r, sent in moved.items() if now - sent.at > FORGET_S]:
+                del moved[request_id]
+                self._replica_of.pop(request_id, None)
+            total += sum(sent.tokens for sent in moved.values() if sent.at > since)
+        return total
 
     def ended(self, replica_id: str, request_id: str, at: float | None = None) -> None:
         """``request_id`` ended on the replica (at wall time ``at``, default now): the tokens its send
         counted come off reports made before then. A send already forgotten counts nothing."""
         tokens = self.sent_tokens(request_id)
-        if tokens is not None:
-            self._ended.setdefault(replica_id, deque()).append((self._clock() if at is None else at, tokens))
+        if tokens is None:
+            return
+        ended = self._ended.setdefault(replica_id, deque())
+        end = (self._clock() if at is None else at, tokens)
+        if ended and end[0] < ended[-1][0]:  # reported late (another thread's batch): keep the order
+            ended.insert(bisect.bisect_right(ended, end[0], key=lambda e: e[0]), end)
+        else:
+            ended.append(end)
 
     def reported_waiting(self, replica_id: str, waiting_tokens: float, reported_at: float | None) -> float:
         """The replica's reported waiting tokens less those of requests that ended after the report."""
@@ -97,17 +118,30 @@ class SentSinceReport:
         horizon = self._clock() - FORGET_S
         while ended and ended[0][0] < horizon:
             ended.popleft()
-        gone = sum(tokens for at, tokens in ended if at > reported_at)
+        gone = 0.0
+        for at, tokens in reversed(ended):  # in time order (``ended``): read back to the report
+            if at <= reported_at:
+                break
+            gone += tokens
         return max(0.0, waiting_tokens - gone)
 
     def forget_replicas(self, live: set[str]) -> None:
-        for gone in set(self._by_replica) - live:
-            for request_id in self._by_replica.pop(gone):
-                self._replica_of.pop(request_id, None)
+        for sends in (self._by_replica, self._moved):
+            for gone in set(sends) - live:
+                for request_id in sends.pop(gone):
+                    self._replica_of.pop(request_id, None)
         for gone in set(self._ended) - live:
             del self._ended[gone]
 
     def _drop(self, request_id: str) -> None:
         replica_id = self._replica_of.pop(request_id, None)
         if replica_id is not None:
-            self._by_replica.get(replica_id, {}).pop(request_id, None)
+            self._pop(replica_id, request_id)
+
+    def _find(self, replica_id: str, request_id: str) -> _Sent | None:
+        sent = self._by_replica.get(replica_id, {}).get(request_id)
+        return sent if sent is not None else self._moved.get(replica_id, {}).get(request_id)
+
+    def _pop(self, replica_id: str, request_id: str) -> _Sent | None:
+        sent = self._by_replica.get(replica_id, {}).pop(request_id, None)
+        return sent if sent is not None else self._moved.get(replica_id, {}).pop(request_id, None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from cluster.edge.request_ids import new_request_id
 from cluster.routing.sent_since_report import FORGET_S, SentSinceReport
 from tests.tenancy.helpers import FakeClock
@@ -41,3 +43,49 @@ def test_request_ids_are_unique_and_shaped_like_uuid4_hex() -> None:
     ids = [new_request_id() for _ in range(10_000)]
     assert len(set(ids)) == len(ids)
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_sums_read_from_the_back_equal_a_scan_of_every_send() -> None:
+    """The sums stop at the report instead of scanning every send (a sixth of a router's CPU at 500
+    requests/s); on random choices, moves, late-reported ends and reports they equal the scan."""
+    rng = random.Random(5)
+    clock = FakeClock(1000.0)
+    sent = SentSinceReport(clock)
+    scan: dict[str, tuple[str, float, float]] = {}  # request -> (replica, tokens, at), latest choice
+    ends: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
+    for step in range(3000):
+        clock.advance(rng.uniform(0.0, 0.02))
+        now = clock()
+        op = rng.random()
+        if op < 0.5:
+            request_id, replica = f"r{rng.randrange(400)}", rng.choice("ab")
+            tokens = float(rng.randrange(1, 100))
+            sent.chose(request_id, replica, tokens)
+            scan[request_id] = (replica, tokens, now)
+        elif op < 0.55:
+            live = [r for r, (_, _, at) in scan.items() if now - at < FORGET_S - 0.5]
+            if live:
+                request_id = rng.choice(live)
+                replica, tokens, at = scan[request_id]
+                sent.routed(request_id, "b" if replica == "a" else "a")
+                scan[request_id] = ("b" if replica == "a" else "a", tokens, at)
+        elif op < 0.75:
+            live = [r for r, (_, _, at) in scan.items() if now - at < FORGET_S - 0.5]
+            if live:
+                request_id = rng.choice(live)
+                replica, tokens, _ = scan[request_id]
+                at = now - rng.choice((0.0, 0.0, 0.3))  # some ends reach the router late
+                sent.ended(replica, request_id, at)
+                ends[replica].append((at, tokens))
+        else:
+            replica = rng.choice("ab")
+            report = None if rng.random() < 0.1 else now - rng.uniform(0.0, 2.0)
+            expected = sum(
+                t
+                for r, t, at in scan.values()
+                if r == replica and now - at <= FORGET_S and (report is None or at > report)
+            )
+            assert abs(sent.tokens(replica, report) - expected) < 1e-6, step
+            if report is not None:
+                gone = sum(t for at, t in ends[replica] if at >= now - FORGET_S and at > report)
+                assert abs(sent.reported_waiting(replica, 10_000.0, report) - (10_000.0 - gone)) < 1e-6, step
