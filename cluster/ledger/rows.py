@@ -7,7 +7,7 @@ the process; the row carries unix seconds so that rows of every router (and of r
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from cluster.telemetry.request_timing import RequestTiming
@@ -52,11 +52,16 @@ class LedgerRow:
     cost_usd: float
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Every field is a scalar: a flat read, not ``asdict``'s recursive copy (26 -> 1.9 µs a row;
+        # asdict was a quarter of the ledger thread's samples at ~600 rows/s).
+        return {name: getattr(self, name) for name in ROW_FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LedgerRow:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{name: data[name] for name in ROW_FIELDS})
+
+
+ROW_FIELDS = tuple(f.name for f in fields(LedgerRow))
 
 
 @dataclass(frozen=True, slots=True)

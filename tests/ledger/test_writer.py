@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from cluster.ledger import metrics
+from cluster.ledger.rows import LedgerRow
 from cluster.ledger.spill import SpillFile
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
@@ -150,3 +152,9 @@ def test_a_line_cut_by_a_crash_does_not_lose_the_others(tmp_path: Path, garbage:
     spill.append(rows(2, seed=9))
     assert len(spill.read_own()) == 5
     spill.close()
+
+
+def test_a_row_dict_holds_every_field_and_round_trips() -> None:
+    for row in rows(5, seed=4):
+        assert row.to_dict() == dataclasses.asdict(row)
+        assert LedgerRow.from_dict(row.to_dict()) == row
