@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fl-holds-") as tmp:
         config = Path(tmp) / "app.yaml"
-        config.write_text("num_replicas: 1\n")
+        config.write_text("num_replicas: 1\nloop_holds: true\n")
         serve = ServeProcess(config, free_port(), Path(tmp))
         serve.start()
         try:

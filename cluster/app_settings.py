@@ -169,6 +169,15 @@ class AppSettings(_Frozen):
             "stream. False: Serve's default thread."
         ),
     )
+    loop_holds: bool = Field(
+        default=False,
+        description=(
+            "Time every step of every task on each router's loop and keep the longest, with what ran "
+            "(`/admin/state` `loop_holds`; `python -m bench.loop_holds` turns it on). Off by default: "
+            "the watch costs a Python-level step per task step, about a tenth of a streaming "
+            "router's samples and a twentieth of a short-request one's (py-spy, CPU box)."
+        ),
+    )
     serve_access_log: bool = Field(
         default=False,
         description=(

@@ -91,7 +91,8 @@ class Ingress:
         self.loop_lag = LoopLag()  # /admin/state's loop_lag: how late a probe woke (load included)
         self.loop_lag.start()
         self.loop_holds = LoopHolds()  # /admin/state's loop_holds: the longest single callbacks
-        self.loop_holds.start()
+        if self.cfg.loop_holds:  # off by default: it costs a Python-level step per task step
+            self.loop_holds.start()
         api.state.http_errors = self.core.metrics.http_errors
         self.jobs = job_builders(self.cfg, replicas)
         self.core.metrics.router_info.labels(self.router_id).set(1)
@@ -330,7 +331,7 @@ class Ingress:
             "rss_bytes": rss_bytes(),
             "loop_lag": self.loop_lag.snapshot(),
             "loop_thread": threading.current_thread().name,  # Serve's own, or its user-code thread
-            "loop_holds": self.loop_holds.snapshot(),
+            "loop_holds": self.loop_holds.snapshot() if self.cfg.loop_holds else None,
             "stream_channel": {"frames": self.channel.frames, "outputs": self.channel.outputs},
             "direct_dispatch": self.core.direct_sent(),
         }

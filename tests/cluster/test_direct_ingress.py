@@ -114,6 +114,7 @@ def test_the_router_answers_on_its_own_port(served: tuple[subprocess.Popen[bytes
     admin = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
     state = httpx.get(f"{url}/admin/state", headers=admin, timeout=10).json()
     assert "_run_user_code_event_loop" not in state["loop_thread"], state["loop_thread"]
+    assert state["loop_holds"] is None  # the loop watch is off by default
 
     # The proxy (head node) still routes to the same router.
     proxied = httpx.post(

@@ -63,6 +63,7 @@ def multi_url(ray_serve: int, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "load_poll_interval_s": 0.5,
         "queue_timeout_s": 600.0,
         "router_on_serve_loop": False,  # Serve's default thread for user code (the other apps: its loop)
+        "loop_holds": True,  # the loop watch, off elsewhere
     }
     start_app(APP, "/multi", config)
     yield f"http://127.0.0.1:{ray_serve}/multi"
@@ -92,7 +93,10 @@ def test_each_model_answers_under_its_own_name(multi_url: str) -> None:
     status = serve.status().applications[APP].deployments
     assert {"Replica", f"Replica-{RANDOM}", "Router"} <= set(status)
     # router_on_serve_loop off: the router's code runs in Serve's user-code thread.
-    assert "_run_user_code_event_loop" in admin_state(multi_url)["loop_thread"]
+    state = admin_state(multi_url)
+    assert "_run_user_code_event_loop" in state["loop_thread"]
+    # loop_holds on: the requests above were steps of the watched loop.
+    assert state["loop_holds"]["steps"] > 0 and state["loop_holds"]["longest"], state["loop_holds"]
     # Every replica's own load names its model (/admin/state replica_loads).
     assert wait_until(
         lambda: (
