@@ -167,12 +167,12 @@ class LedgerWriter:
         self._task = None
 
     async def _run(self) -> None:
-        while not self._stopping:
+        while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.interval_s):
                     await self._wake.wait()  # in this task: no inner task whose result races a cancel
             self._wake.clear()
-            if self._stopping:
+            if self._stopping:  # set by ``_stop_task``, whether or not its cancel got through
                 return
             try:
                 await self._flush()

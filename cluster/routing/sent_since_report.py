@@ -72,7 +72,7 @@ class SentSinceReport:
         Sends older than ``FORGET_S`` are dropped from the front; the sum reads back from the newest
         send to the first one the report covers. A router sending 500 requests/s kept ~1,250 sends
         per replica in the window, and summing them all for every candidate of every choice took
-        a sixth of its CPU. A send the report counts stays until forgotten: Serve may still route
+        17 % of its py-spy samples. A send the report counts stays until forgotten: Serve may still route
         its request elsewhere (``routed`` moves it, and the prefix it will hold)."""
         now = self._clock()
         since = reported_at if reported_at is not None else float("-inf")
