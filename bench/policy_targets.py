@@ -49,11 +49,19 @@ def quiet_ttft_p99(records: Sequence[RequestRecord], quiet: Sequence[str]) -> fl
 
 
 def quiet_split(records: Sequence[RequestRecord], server_timings: dict | None, quiet: Sequence[str]) -> dict:
-    """Where the quiet tenants' TTFT goes: the router's own (arrival → first token, its timing
-    records) and what the client saw beyond it (client TTFT − router TTFT, per request matched by
-    response id: the HTTP path both ways and the client's own loop), p50 and p99."""
+    """Where the quiet tenants' TTFT goes, p50 and p99 of each part, per request matched by response
+    id between the client's records and the router's timing records:
+
+    * ``router_ttft``: the router's own (arrival → first token);
+    * ``client_extra``: client TTFT − router TTFT (the HTTP path both ways, the client's own loop);
+    * and, where the router recorded them: ``entry`` (its app's entry → arrival: parsing, auth,
+      templating, tokenizing and the loop's waits between), ``queue`` (arrival → dispatch, the fair
+      queue included), ``engine_ttft`` (the engine's arrival → first token, its own clock) and
+      ``transit`` (dispatch → first token at the router, less ``engine_ttft``: both hops and the
+      replica's intake and flush)."""
     server = {t["request_id"]: t for t in (server_timings or {}).get("records", [])}
-    router, extra = [], []
+    names = ("router_ttft", "client_extra", "entry", "queue", "engine_ttft", "transit")
+    parts: dict[str, list[float]] = {k: [] for k in names}
     for r in records:
         if r.tenant not in quiet or not r.ok or r.warmup:
             continue
@@ -61,13 +69,30 @@ def quiet_split(records: Sequence[RequestRecord], server_timings: dict | None, q
         mine = ttft(r)
         if match is None or match.get("ttft") is None or mine is None:
             continue
-        router.append(match["ttft"])
-        extra.append(mine - match["ttft"])
-    at_router, beyond = percentiles(router, (50, 99)), percentiles(extra, (50, 99))
+        parts["router_ttft"].append(match["ttft"])
+        parts["client_extra"].append(mine - match["ttft"])
+        for name, value in _stages(match).items():
+            if value is not None:
+                parts[name].append(value)
+    out: dict = {"matched": len(parts["router_ttft"])}
+    for name, xs in parts.items():
+        p = percentiles(xs, (50, 99))
+        out[f"{name}_p50_s"], out[f"{name}_p99_s"] = p["p50"], p["p99"]
+    return out
+
+
+def _stages(t: dict) -> dict[str, float | None]:
+    def since(a: str, b: str) -> float | None:
+        return None if t.get(a) is None or t.get(b) is None else t[b] - t[a]
+
+    to_first = since("dispatched", "first_token")
+    engine = t.get("engine_ttft")
     return {
-        "matched": len(router), "router_ttft_p50_s": at_router["p50"], "router_ttft_p99_s": at_router["p99"],
-        "client_extra_p50_s": beyond["p50"], "client_extra_p99_s": beyond["p99"],
-    }  # fmt: skip
+        "entry": since("received", "arrival"),
+        "queue": since("arrival", "dispatched"),
+        "engine_ttft": engine,
+        "transit": None if to_first is None or engine is None else to_first - engine,
+    }
 
 
 def compact(summary: dict) -> dict:
@@ -111,7 +136,19 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
     at_router = Row(name, "quiet TTFT p99 at the router (arrival → first token)", "", "s")
     extra50 = Row(name, "quiet: client TTFT − router TTFT, p50", "", "s")
     extra99 = Row(name, "quiet: client TTFT − router TTFT, p99", "", "s")
-    rows = [p99, ratio, att, jmean, jmin, jall, at_router, extra50, extra99, client, router]
+    stages = {
+        part: Row(name, f"quiet p99: {label}", "", "s")
+        for part, label in (
+            ("entry", "router app entry → arrival"),
+            ("queue", "arrival → dispatch"),
+            ("engine_ttft", "engine arrival → first token"),
+            ("transit", "dispatch → first token, less the engine's"),
+        )
+    }
+    gc_router = Row(name, "router's longest GC pause", "", "ms")
+    gc_client = Row(name, "load generator's longest GC pause", "", "ms")
+    rows = [p99, ratio, att, jmean, jmin, jall, at_router, extra50, extra99, *stages.values(), client, router,
+            gc_client, gc_router]  # fmt: skip
     for policy, run in runs.items():
         q = run.get("quiet_ttft_p99_s")
         p99.values[policy] = q
@@ -130,6 +167,10 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
         at_router.values[policy] = split.get("router_ttft_p99_s")
         extra50.values[policy] = split.get("client_extra_p50_s")
         extra99.values[policy] = split.get("client_extra_p99_s")
+        for part, row in stages.items():
+            row.values[policy] = split.get(f"{part}_p99_s")
+        gc_client.values[policy] = (meta.get("client_gc") or {}).get("max_ms")
+        gc_router.values[policy] = (meta.get("router_gc") or {}).get("max_ms")
     return [*rows, *tenant_rows(name, runs)]
 
 

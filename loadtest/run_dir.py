@@ -35,6 +35,8 @@ def write_run(
         "replica_samples": result.replica_samples,
         "client_loop_lag_ms": result.client_loop_lag,  # the load generator's own loop: saturated?
         "router_loop_lag_ms": result.server.get("router_loop_lag"),  # since the run's timings reset
+        "client_gc": result.client_gc,  # the load generator's collector pauses (ms) in the run
+        "router_gc": result.server.get("router_gc"),  # the router's, since the run's timings reset
     }
     summary = summarize(
         result.records,

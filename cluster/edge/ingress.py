@@ -22,6 +22,7 @@ from cluster.edge.body_limit import BodyLimit
 from cluster.edge.model_jobs import job_builders
 from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.prompt_batch import open_all
+from cluster.edge.received_stamp import RECEIVED_KEY, ReceivedStamp
 from cluster.edge.request_ids import new_request_id
 from cluster.edge.router_state import health, models_state, totals
 from cluster.edge.tenant_views import check_own
@@ -34,6 +35,7 @@ from cluster.routing.router_core import RouterCore
 from cluster.routing.stream_receiver import StreamReceiver
 from cluster.routing.tenancy_sync import Deployment, TenancySync
 from cluster.serving import replica_board
+from cluster.telemetry.gc_pauses import PROCESS_GC, freeze_heap
 from cluster.telemetry.loop_holds import LoopHolds
 from cluster.telemetry.loop_lag import LoopLag
 from cluster.telemetry.process_memory import rss_bytes
@@ -45,8 +47,9 @@ log = logging.getLogger(__name__)
 api = FastAPI(title="fairlane", docs_url=None, redoc_url=None)
 # The router sets the limit when it starts; until then (and outside Serve) no limit applies.
 api.add_middleware(BodyLimit, limit=lambda: getattr(api.state, "max_body_bytes", None))
-# Outermost, so it also counts the 413s of the body limit.
+# Outside the body limit, so it also counts its 413s.
 api.add_middleware(StatusMetrics, counter=lambda: getattr(api.state, "http_errors", None))
+api.add_middleware(ReceivedStamp)  # outermost: the request's entry into the router's app
 
 
 @api.exception_handler(RequestValidationError)
@@ -107,6 +110,10 @@ class Ingress:
         )
         self.monitor.start()
         self.core.start_counter_sync(self.cfg.counter_sync_s)
+        # Start-up's objects (imports, config, tokenizer) live as long as the router: frozen, no full
+        # collection walks them again (a 100-330 ms pause of every stream otherwise).
+        freeze_heap()
+        PROCESS_GC.install()
 
     async def __del__(self) -> None:
         # Serve awaits this on a graceful stop: a stopped router no longer counts as having applied.
@@ -228,6 +235,7 @@ class Ingress:
         self.core.recorder.clear()
         self.loop_lag.reset()
         self.loop_holds.reset()
+        PROCESS_GC.reset()
         return {"reset": True}
 
     @api.get("/admin/state", responses=api_docs.ADMIN)
@@ -272,7 +280,8 @@ class Ingress:
             ledger_views.record_refusal(self.ledger, request_id, tenant, key_id, body.model, exc)
             return error_response(exc)
         try:
-            active = await open_all(pool.runner, batch, key_id)  # its own ending records every refusal
+            received = request.scope.get(RECEIVED_KEY)
+            active = await open_all(pool.runner, batch, key_id, received)  # its ending records every refusal
         except Exception as exc:
             return error_response(exc)
         return await answer(kind, request_id, body, active, jobs, self.cfg.log_request_text)
@@ -330,6 +339,7 @@ class Ingress:
             "quota_store_degraded": self.core.degraded,
             "rss_bytes": rss_bytes(),
             "loop_lag": self.loop_lag.snapshot(),
+            "gc": PROCESS_GC.snapshot(),  # the collector's pauses (all the process's threads wait)
             "loop_thread": threading.current_thread().name,  # Serve's own, or its user-code thread
             "loop_holds": self.loop_holds.snapshot() if self.cfg.loop_holds else None,
             "stream_channel": {"frames": self.channel.frames, "outputs": self.channel.outputs},

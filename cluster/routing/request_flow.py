@@ -86,9 +86,10 @@ class RequestRunner:
     def attach_channel(self, channel: StreamReceiver, flush_s: float) -> None:
         self.channel, self.flush_s = channel, flush_s
 
-    async def open(self, job: Job, key_id: str = "") -> ActiveRequest:
+    async def open(self, job: Job, key_id: str = "", received: float | None = None) -> ActiveRequest:
         """Admit, wait for a fair turn, dispatch and wait for the first output. ``key_id``: the
-        caller's API key id, for the ledger's row."""
+        caller's API key id, for the ledger's row; ``received``: when its HTTP request entered the
+        router (``edge/received_stamp.py``), for the timing record."""
         timing = RequestTiming(
             job.request_id,
             job.tenant.id,
@@ -98,6 +99,7 @@ class RequestRunner:
             model=self.model,
             key_id=key_id,
             user=job.user,
+            received=received,
         )
         active = ActiveRequest(self, self.quotas, job, timing)
         try:
@@ -262,6 +264,8 @@ class ActiveRequest:
             self.gaps.add(time.monotonic(), new)
             t.output_tokens = item["total_output_tokens"]
             self._runner.metrics.observe_tokens(t.tenant_id, t.sla_class, new)
+        if "engine_ttft_s" in item:  # on a choice's last output
+            t.engine_queue, t.engine_ttft = item["engine_queue_s"], item["engine_ttft_s"]
         if item["done"]:
             self._finished = True
 

@@ -28,6 +28,7 @@ from cluster.serving import replica_board
 from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import GenerateArgs, error_item, merge_items, output_item
+from cluster.telemetry.gc_pauses import PROCESS_GC, freeze_heap
 from cluster.telemetry.process_memory import rss_bytes
 from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
 from replica import EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
@@ -75,6 +76,10 @@ class ReplicaServer:
             await self._submit.start(ray.util.get_node_ip_address())
         if generation is not None:
             self._publisher = asyncio.get_running_loop().create_task(self._publish(generation))
+        # torch, the model's modules and the engine's start-up objects live as long as the replica:
+        # frozen, no full collection walks them again (it would stall the engine thread's steps).
+        freeze_heap()
+        PROCESS_GC.install()
 
     async def generate(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
         """Stream one request's outputs as dicts; the last one has ``finish_reason`` set."""
@@ -179,7 +184,12 @@ class ReplicaServer:
 
     def profile(self) -> dict[str, Any]:
         """The engine's step-time breakdown, plus this replica's id."""
-        return {"replica_id": self._replica_id, "model": self._model, **self._engine.profile_summary()}
+        return {
+            "replica_id": self._replica_id,
+            "model": self._model,
+            **self._engine.profile_summary(),
+            "gc": PROCESS_GC.snapshot(),
+        }
 
     def info(self) -> dict[str, Any]:
         """Static facts the routers need: the context limit and the KV capacity in tokens."""

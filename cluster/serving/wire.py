@@ -75,8 +75,11 @@ def output_item(out: RequestOutput, replica_id: str, total_output_tokens: int, d
         item["logprobs"] = [_logprob(lp) for lp in out.logprobs]
     if out.prompt_logprobs is not None:
         item["prompt_logprobs"] = [None if lp is None else _logprob(lp) for lp in out.prompt_logprobs]
-    if out.metrics is not None:
-        item["num_preemptions"] = out.metrics.num_preemptions
+    if out.metrics is not None:  # the engine's own clock: arrival → first step, → first token
+        m = out.metrics
+        item["num_preemptions"] = m.num_preemptions
+        item["engine_queue_s"] = None if m.first_scheduled is None else m.first_scheduled - m.arrival
+        item["engine_ttft_s"] = None if m.first_token is None else m.first_token - m.arrival
     return item
 
 

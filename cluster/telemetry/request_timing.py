@@ -33,6 +33,12 @@ class RequestTiming:
     itl_p99: float | None = None  # the 99th percentile of inter-token gaps, set at the end
     user: str | None = None  # the end user the client named (OpenAI's `user`), within its tenant
     cached_tokens: int = 0  # prompt tokens the replica found in its prefix cache
+    # Where a first token's time goes beyond this router's stamps: the HTTP request's entry into the
+    # router's ASGI app (before parsing, auth, templating and tokenizing), and the engine's own
+    # durations from the request's arrival at the replica to its first step and to its first token.
+    received: float | None = None
+    engine_queue: float | None = None
+    engine_ttft: float | None = None
 
     @property
     def ttft(self) -> float | None:

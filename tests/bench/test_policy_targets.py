@@ -39,8 +39,11 @@ def noisy_run(quiet_p99: float, within_ttft: float, jains: tuple[float, float]) 
         "fairness": {"groups": groups, "jain_backlogged_mean": 0.7},
         "attainment_by_share": {"interactive": {"within": {"ttft_attainment": within_ttft}}},
         "quiet_ttft_p99_s": quiet_p99,
-        "meta": {"client_loop_lag_ms": {"p99_ms": 56.8}, "router_loop_lag_ms": {"p99_ms": 22.0}},
-        "quiet_split": {"router_ttft_p99_s": 0.1, "client_extra_p50_s": 0.02, "client_extra_p99_s": 0.15},
+        "meta": {"client_loop_lag_ms": {"p99_ms": 56.8}, "router_loop_lag_ms": {"p99_ms": 22.0},
+                 "client_gc": {"max_ms": 3.5}, "router_gc": {"max_ms": 180.0}},
+        "quiet_split": {"router_ttft_p99_s": 0.1, "client_extra_p50_s": 0.02, "client_extra_p99_s": 0.15,
+                        "entry_p99_s": 0.01, "queue_p99_s": 0.02, "engine_ttft_p99_s": 0.05,
+                        "transit_p99_s": 0.03},  # fmt: skip
     }
 
 
@@ -63,6 +66,12 @@ def test_noisy_targets_per_policy() -> None:
     # where the quiet TTFT goes: the router's own, then what the client saw beyond it
     assert rows["quiet TTFT p99 at the router (arrival → first token)"].values["fairlane"] == 0.1
     assert rows["quiet: client TTFT − router TTFT, p99"].values["fcfs"] == 0.15
+    assert rows["quiet p99: router app entry → arrival"].values["fairlane"] == 0.01
+    assert rows["quiet p99: arrival → dispatch"].values["fairlane"] == 0.02
+    assert rows["quiet p99: engine arrival → first token"].values["fcfs"] == 0.05
+    assert rows["quiet p99: dispatch → first token, less the engine's"].values["fcfs"] == 0.03
+    assert rows["router's longest GC pause"].values["fairlane"] == 180.0
+    assert rows["load generator's longest GC pause"].values["fcfs"] == 3.5
 
 
 def test_noisy_targets_without_solo_or_groups_are_undecided() -> None:
@@ -93,7 +102,7 @@ def test_table_prints_every_policy_with_met_or_missed() -> None:
         "notes": ["fcfs/noisy-neighbour-pairs: skipped, 10s of the budget left"],
     }  # fmt: skip
     # 6 targets and context, 3 of the quiet split, 2 loop lags, 3 per tenant
-    assert len(target_rows(results)) == 11 + 3 * 4
+    assert len(target_rows(results)) == 17 + 3 * 4
     console = Console(width=200, record=True)
     console.print(policy_table(results))
     text = console.export_text()
@@ -141,8 +150,14 @@ def test_quiet_split_matches_client_records_to_the_routers_by_response_id() -> N
     ]
     router_ttfts = {"r1": 0.10, "r2": 0.04, "r3": 0.5, "r4": 0.1}
     timings = {"records": [{"request_id": rid, "ttft": t} for rid, t in router_ttfts.items()]}
+    # r1 also has the finer stamps: entry 0.01, queue 0.02, engine 0.05, transit 0.10-0.02-0.05
+    timings["records"][0] |= {"received": 9.99, "arrival": 10.0, "dispatched": 10.02, "first_token": 10.1,
+                              "engine_ttft": 0.05}  # fmt: skip
     split = quiet_split(records, timings, ["a", "b"])
     assert split["matched"] == 2
+    assert split["entry_p50_s"] == pytest.approx(0.01) and split["queue_p99_s"] == pytest.approx(0.02)
+    assert split["engine_ttft_p50_s"] == pytest.approx(0.05)
+    assert split["transit_p99_s"] == pytest.approx(0.1 - 0.02 - 0.05)
     assert split["router_ttft_p99_s"] == pytest.approx(0.04 + 0.99 * 0.06)
     assert split["client_extra_p50_s"] == pytest.approx((0.20 + 0.01) / 2)
     assert split["client_extra_p99_s"] == pytest.approx(0.01 + 0.99 * 0.19)
