@@ -147,8 +147,9 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
     }
     gc_router = Row(name, "router's longest GC pause", "", "ms")
     gc_client = Row(name, "load generator's longest GC pause", "", "ms")
+    gc_replica = Row(name, "replicas' longest GC pause (since start)", "", "ms")
     rows = [p99, ratio, att, jmean, jmin, jall, at_router, extra50, extra99, *stages.values(), client, router,
-            gc_client, gc_router]  # fmt: skip
+            gc_client, gc_router, gc_replica]  # fmt: skip
     for policy, run in runs.items():
         q = run.get("quiet_ttft_p99_s")
         p99.values[policy] = q
@@ -171,6 +172,8 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
             row.values[policy] = split.get(f"{part}_p99_s")
         gc_client.values[policy] = (meta.get("client_gc") or {}).get("max_ms")
         gc_router.values[policy] = (meta.get("router_gc") or {}).get("max_ms")
+        replicas = [g.get("max_ms", 0.0) for g in (meta.get("replica_gc") or {}).values()]
+        gc_replica.values[policy] = max(replicas) if replicas else None
     return [*rows, *tenant_rows(name, runs)]
 
 

@@ -37,6 +37,7 @@ def write_run(
         "router_loop_lag_ms": result.server.get("router_loop_lag"),  # since the run's timings reset
         "client_gc": result.client_gc,  # the load generator's collector pauses (ms) in the run
         "router_gc": result.server.get("router_gc"),  # the router's, since the run's timings reset
+        "replica_gc": result.server.get("replica_gc"),  # each replica's, since it started
     }
     summary = summarize(
         result.records,

@@ -97,6 +97,7 @@ class Runner:
                 "timings": await self._admin(client, "GET", "/admin/timings"),
                 "router_loop_lag": state.get("loop_lag") if isinstance(state, dict) else None,
                 "router_gc": state.get("gc") if isinstance(state, dict) else None,
+                "replica_gc": _replica_gc(state),
             }
         records = sorted(self.records, key=lambda r: (r.scheduled, r.tenant))
         return RunResult(
@@ -230,6 +231,14 @@ class Runner:
             return r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
+
+
+def _replica_gc(state: dict | None) -> dict | None:
+    """Each replica's collector pauses since its start (``/admin/state`` replica_loads), by id."""
+    loads = state.get("replica_loads") if isinstance(state, dict) else None
+    if not loads:
+        return None
+    return {rid: load["gc"] for rid, load in loads.items() if isinstance(load, dict) and "gc" in load}
 
 
 def run_scenario(scenario: Scenario, url: str, **kwargs) -> RunResult:

@@ -35,7 +35,7 @@ from cluster.routing.router_core import RouterCore
 from cluster.routing.stream_receiver import StreamReceiver
 from cluster.routing.tenancy_sync import Deployment, TenancySync
 from cluster.serving import replica_board
-from cluster.telemetry.gc_pauses import PROCESS_GC, freeze_heap
+from cluster.telemetry.gc_pauses import PROCESS_GC, settle_for_serving
 from cluster.telemetry.loop_holds import LoopHolds
 from cluster.telemetry.loop_lag import LoopLag
 from cluster.telemetry.process_memory import rss_bytes
@@ -112,7 +112,7 @@ class Ingress:
         self.core.start_counter_sync(self.cfg.counter_sync_s)
         # Start-up's objects (imports, config, tokenizer) live as long as the router: frozen, no full
         # collection walks them again (a 100-330 ms pause of every stream otherwise).
-        freeze_heap()
+        settle_for_serving()
         PROCESS_GC.install()
 
     async def __del__(self) -> None:

@@ -28,7 +28,7 @@ from cluster.serving import replica_board
 from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import GenerateArgs, error_item, merge_items, output_item
-from cluster.telemetry.gc_pauses import PROCESS_GC, freeze_heap
+from cluster.telemetry.gc_pauses import PROCESS_GC, settle_for_serving
 from cluster.telemetry.process_memory import rss_bytes
 from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
 from replica import EngineConfig, EngineError, InvalidRequestError, RequestOutput, SamplingParams
@@ -78,7 +78,7 @@ class ReplicaServer:
             self._publisher = asyncio.get_running_loop().create_task(self._publish(generation))
         # torch, the model's modules and the engine's start-up objects live as long as the replica:
         # frozen, no full collection walks them again (it would stall the engine thread's steps).
-        freeze_heap()
+        settle_for_serving()
         PROCESS_GC.install()
 
     async def generate(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
@@ -150,6 +150,7 @@ class ReplicaServer:
             "kv_blocks_cached": s.kv_blocks_cached,
             "kv_evictions": s.kv_evictions,
             "rss_bytes": rss_bytes(),
+            "gc": PROCESS_GC.snapshot(),  # the collector's pauses since start (the engine thread waits)
         }
 
     def record_routing_stats(self) -> dict[str, Any]:

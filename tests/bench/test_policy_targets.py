@@ -39,11 +39,22 @@ def noisy_run(quiet_p99: float, within_ttft: float, jains: tuple[float, float]) 
         "fairness": {"groups": groups, "jain_backlogged_mean": 0.7},
         "attainment_by_share": {"interactive": {"within": {"ttft_attainment": within_ttft}}},
         "quiet_ttft_p99_s": quiet_p99,
-        "meta": {"client_loop_lag_ms": {"p99_ms": 56.8}, "router_loop_lag_ms": {"p99_ms": 22.0},
-                 "client_gc": {"max_ms": 3.5}, "router_gc": {"max_ms": 180.0}},
-        "quiet_split": {"router_ttft_p99_s": 0.1, "client_extra_p50_s": 0.02, "client_extra_p99_s": 0.15,
-                        "entry_p99_s": 0.01, "queue_p99_s": 0.02, "engine_ttft_p99_s": 0.05,
-                        "transit_p99_s": 0.03},  # fmt: skip
+        "meta": {
+            "client_loop_lag_ms": {"p99_ms": 56.8},
+            "router_loop_lag_ms": {"p99_ms": 22.0},
+            "client_gc": {"max_ms": 3.5},
+            "router_gc": {"max_ms": 180.0},
+            "replica_gc": {"r1": {"max_ms": 4.0}, "r2": {"max_ms": 9.0}},
+        },
+        "quiet_split": {
+            "router_ttft_p99_s": 0.1,
+            "client_extra_p50_s": 0.02,
+            "client_extra_p99_s": 0.15,
+            "entry_p99_s": 0.01,
+            "queue_p99_s": 0.02,
+            "engine_ttft_p99_s": 0.05,
+            "transit_p99_s": 0.03,
+        },
     }
 
 
@@ -72,6 +83,7 @@ def test_noisy_targets_per_policy() -> None:
     assert rows["quiet p99: dispatch → first token, less the engine's"].values["fcfs"] == 0.03
     assert rows["router's longest GC pause"].values["fairlane"] == 180.0
     assert rows["load generator's longest GC pause"].values["fcfs"] == 3.5
+    assert rows["replicas' longest GC pause (since start)"].values["fcfs"] == 9.0
 
 
 def test_noisy_targets_without_solo_or_groups_are_undecided() -> None:
@@ -102,7 +114,7 @@ def test_table_prints_every_policy_with_met_or_missed() -> None:
         "notes": ["fcfs/noisy-neighbour-pairs: skipped, 10s of the budget left"],
     }  # fmt: skip
     # 6 targets and context, 3 of the quiet split, 2 loop lags, 3 per tenant
-    assert len(target_rows(results)) == 17 + 3 * 4
+    assert len(target_rows(results)) == 18 + 3 * 4
     console = Console(width=200, record=True)
     console.print(policy_table(results))
     text = console.export_text()

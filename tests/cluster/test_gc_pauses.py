@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from cluster.telemetry.gc_pauses import GcPauses, freeze_heap
+from cluster.telemetry.gc_pauses import YOUNG_OBJECTS, GcPauses, freeze_heap, settle_for_serving
 
 
 def test_each_collection_is_timed_under_its_generation() -> None:
@@ -36,3 +36,14 @@ def test_the_frozen_heap_is_left_out_of_full_collections() -> None:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
     assert len(gc.get_objects(2)) >= len(kept)  # unfrozen: back in the oldest generation
+
+
+def test_a_serving_process_freezes_and_collects_young_objects_less_often() -> None:
+    before = gc.get_threshold()
+    try:
+        assert settle_for_serving() > 0
+        assert gc.get_threshold() == (YOUNG_OBJECTS, before[1], before[2])
+        assert GcPauses().snapshot()["thresholds"] == [YOUNG_OBJECTS, before[1], before[2]]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
