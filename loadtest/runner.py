@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import multiprocessing
 import time
 from dataclasses import dataclass, field, replace
@@ -12,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cluster.telemetry.gc_pauses import PROCESS_GC, freeze_heap
+from cluster.telemetry.gc_pauses import PROCESS_GC, freeze_heap, thaw_heap
 from cluster.telemetry.loop_lag import LoopLag
 from loadtest.client import endpoint_path, monotonic_since, request_body, send
 from loadtest.plan import ClosedLoopSource, PlannedRequest, build_open_plan
@@ -88,7 +87,7 @@ class Runner:
                 await self._drive(client, progress)
             lag.stop()
             gc_pauses = PROCESS_GC.snapshot()
-            gc.unfreeze()
+            thaw_heap()
             elapsed = self._clock()
             await poller.stop(elapsed)
             state = await self._admin(client, "GET", "/admin/state")
