@@ -3,7 +3,7 @@
 A full (generation 2) collection walks every tracked object in the process while holding the GIL:
 the event loop, every stream and every other thread wait for it. A router's heap after its imports
 (Ray, Serve, FastAPI, pydantic, the tokenizer) holds ~240,000 tracked objects; one full collection
-of it took 100-330 ms on the CPU box, the size of the router loop's worst lags measured on the H200
+of it took 127-161 ms on the idle CPU box, the size of the router loop's worst lags measured on the H200
 (max 198 ms) and of the load generator's (max 235 ms). Those objects live as long as the process,
 so ``freeze_heap`` moves them to the permanent generation, which no collection walks again: full
 collections then scan only what the process made since (as vLLM's engine does after start-up).

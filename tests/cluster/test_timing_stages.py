@@ -9,12 +9,20 @@ import uuid
 import httpx
 import openai
 
-from tests.cluster.helpers import ADMIN, MODEL, admin_state
+from tests.cluster.helpers import ADMIN, MODEL, admin_state, wait_until
 
 
 def _record_of(base_url: str, user: str) -> dict:
-    records = httpx.get(f"{base_url}/admin/timings", headers=ADMIN, timeout=30).json()["records"]
-    mine = [r for r in records if r["user"] == user]
+    """The request's timing record: written when the router closes it, which for a stream is just
+    after its last bytes left (the client may read them first)."""
+    mine: list[dict] = []
+
+    def recorded() -> bool:
+        records = httpx.get(f"{base_url}/admin/timings", headers=ADMIN, timeout=30).json()["records"]
+        mine[:] = [r for r in records if r["user"] == user]
+        return bool(mine)
+
+    assert wait_until(recorded, timeout_s=10.0)
     assert len(mine) == 1, mine
     return mine[0]
 
