@@ -6,7 +6,8 @@ the event loop, every stream and every other thread wait for it. A router's heap
 of it took 127-161 ms on the idle CPU box, the size of the router loop's worst lags measured on the H200
 (max 198 ms) and of the load generator's (max 235 ms). Those objects live as long as the process,
 so ``freeze_heap`` moves them to the permanent generation, which no collection walks again: full
-collections then scan only what the process made since (as vLLM's engine does after start-up).
+collections then scan only what the process made since (vLLM freezes its heap after its start-up
+and warm-up too: `freeze_gc_heap`).
 
 Young collections are made rarer too (``YOUNG_OBJECTS``), and with them the full ones.
 ``GcPauses`` times each collection through ``gc.callbacks``: count, total and longest per
