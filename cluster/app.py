@@ -15,12 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ray import serve
-from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
 from cluster.config import AppConfig, load_app_config
 from cluster.edge.ingress import ROUTER_DEPLOYMENT, Ingress
 from cluster.model_settings import EngineSettings, ModelSettings
 from cluster.routing.kv_router import KVAwareRouter
+from cluster.serving.engine_load_policy import engine_requests_policy
 from cluster.serving.replica_deployment import ReplicaServer
 
 ROUTING_STATS_PERIOD_S = 0.5
@@ -62,15 +63,21 @@ def replica_options(config: AppConfig, model: ModelSettings | None = None) -> di
     if a is None:
         opts["num_replicas"] = model.num_replicas
     else:
+        # Direct dispatch's requests never pass Serve's handle: scale on the engines' own counts.
+        policy = engine_requests_policy if config.direct_dispatch else None
         opts["autoscaling_config"] = serve_autoscaling(
-            a.min_replicas, a.max_replicas, a.initial_replicas or a.min_replicas, a
+            a.min_replicas, a.max_replicas, a.initial_replicas or a.min_replicas, a, policy
         )
     return opts
 
 
-def serve_autoscaling(least: int, most: int, first: int, pace: Any) -> AutoscalingConfig:
+def serve_autoscaling(
+    least: int, most: int, first: int, pace: Any, policy: Callable | None = None
+) -> AutoscalingConfig:
     """Serve's autoscaling of a deployment (replicas or routers); ``pace`` gives the target ongoing
-    requests, the delays and the report interval."""
+    requests, the delays and the report interval; ``policy``: a custom policy function (Serve's
+    default policy when None)."""
+    extra = {"policy": AutoscalingPolicy(policy_function=policy)} if policy is not None else {}
     return AutoscalingConfig(
         min_replicas=least,
         max_replicas=most,
@@ -80,6 +87,7 @@ def serve_autoscaling(least: int, most: int, first: int, pace: Any) -> Autoscali
         downscale_delay_s=pace.downscale_delay_s,
         metrics_interval_s=pace.metrics_interval_s,
         look_back_period_s=max(2.0, 4 * pace.metrics_interval_s),
+        **extra,
     )
 
 

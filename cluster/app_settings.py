@@ -130,8 +130,9 @@ class AppSettings(_Frozen):
             "With stream_channel, a router sends requests straight to the replica it chooses, on one TCP "
             "connection per router and replica (a frame per event-loop tick), instead of a Serve call "
             "per request: Serve's handle machinery leaves the request path. Replicas are found on the "
-            "replica board and ranked as replica_choice says. Serve's autoscaling does not see these "
-            "requests: set autoscaling only without it."
+            "replica board and ranked as replica_choice says. Serve's handle counts do not see these "
+            "requests, so with autoscaling the replicas are scaled on their engines' running and "
+            "waiting requests instead (cluster/serving/engine_load_policy.py)."
         ),
     )
     handle_grpc: bool = Field(

@@ -50,13 +50,10 @@ class AppConfig(AppSettings):
 
     @model_validator(mode="after")
     def _direct_dispatch_fits(self) -> AppConfig:
-        # Its outputs come back on the stream channel; Serve's autoscaler counts Serve calls only.
+        # Its outputs come back on the stream channel. (With autoscaling, replicas are scaled on
+        # their engines' own counts: cluster/serving/engine_load_policy.py.)
         if self.direct_dispatch and not self.stream_channel:
             raise ValueError("direct_dispatch needs stream_channel: true")
-        if self.direct_dispatch and any(m.autoscaling is not None for m in self.served_models):
-            raise ValueError(
-                "direct_dispatch cannot be used with autoscaling: Serve's autoscaler misses its requests"
-            )
         return self
 
     @model_validator(mode="after")

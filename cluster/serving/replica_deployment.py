@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from cluster.serving import replica_board
+from cluster.serving.engine_load_policy import ENGINE_REQUESTS
 from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import GenerateArgs, error_item, merge_items, output_item
@@ -152,6 +153,12 @@ class ReplicaServer:
             "rss_bytes": rss_bytes(),
             "gc": PROCESS_GC.snapshot(),  # the collector's pauses since start (the engine thread waits)
         }
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metric (``engine_load_policy.py``): what the engine holds,
+        whichever way the requests came (direct dispatch is invisible to Serve's own counts)."""
+        s = self._engine.stats()
+        return {ENGINE_REQUESTS: float(s.running + s.waiting)}
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Read by ``cluster.routing.kv_router.KVAwareRouter``: free KV, queued tokens, and a summary of

@@ -14,6 +14,7 @@ from ray import serve
 from tests.cluster.helpers import ADMIN, CAPPED_KEY, CAROL, MODEL, start_app, wait_until
 
 REDIS_APP, SCALE_APP, ROUTERS_APP = "fl-redis", "fl-scale", "fl-routers"
+SCALE_DIRECT_APP = "fl-scale-direct"
 
 
 @pytest.fixture  # function scope: redis_prefix (a fresh key prefix) is per test
@@ -65,23 +66,40 @@ def test_concurrency_cap_holds_across_two_routers(redis_app: str) -> None:
     assert wait_until(lambda: _post(redis_app, CAPPED_KEY, 2).status_code == 200, timeout_s=20)
 
 
+REPLICA_SCALING = {
+    "min_replicas": 1,
+    "max_replicas": 2,
+    # Half a request: the load keeps about one request in the replica at a time (the batch
+    # tenant's share of the room), and a target of exactly that made Serve oscillate 1 -> 2 -> 1,
+    # stopping the new replica while it was still starting.
+    "target_ongoing_requests": 0.5,
+    "upscale_delay_s": 1.0,
+    "downscale_delay_s": 4.0,
+    "metrics_interval_s": 0.5,
+}
+
+
 @pytest.fixture(scope="module")
 def scale_app(ray_serve: int, app_config: dict) -> Iterator[str]:
-    autoscaling = {
-        "min_replicas": 1,
-        "max_replicas": 2,
-        # Half a request: the load keeps about one request in the replica at a time (the batch
-        # tenant's share of the room), and a target of exactly that made Serve oscillate 1 -> 2 -> 1,
-        # stopping the new replica while it was still starting.
-        "target_ongoing_requests": 0.5,
-        "upscale_delay_s": 1.0,
-        "downscale_delay_s": 4.0,
-        "metrics_interval_s": 0.5,
-    }
-    config = app_config | {"autoscaling": autoscaling, "replica_num_cpus": 0.5}
+    config = app_config | {"autoscaling": REPLICA_SCALING, "replica_num_cpus": 0.5}
     start_app(SCALE_APP, "/scale", config)
     yield f"http://127.0.0.1:{ray_serve}/scale"
     serve.delete(SCALE_APP)
+
+
+@pytest.fixture(scope="module")
+def scale_direct_app(ray_serve: int, app_config: dict) -> Iterator[str]:
+    """Direct dispatch: no request passes Serve's handle, so Serve's own counts stay at zero and the
+    replicas scale on their engines' counts (cluster/serving/engine_load_policy.py)."""
+    config = app_config | {
+        "autoscaling": REPLICA_SCALING,
+        "replica_num_cpus": 0.5,
+        "stream_channel": True,
+        "direct_dispatch": True,
+    }
+    start_app(SCALE_DIRECT_APP, "/scale-direct", config)
+    yield f"http://127.0.0.1:{ray_serve}/scale-direct"
+    serve.delete(SCALE_DIRECT_APP)
 
 
 def _running(app: str, deployment_name: str = "Replica") -> int:
@@ -90,27 +108,38 @@ def _running(app: str, deployment_name: str = "Replica") -> int:
 
 
 def test_replicas_scale_up_under_load_and_down_after(scale_app: str) -> None:
-    assert _running(SCALE_APP) == 1
+    _scale_up_and_down(SCALE_APP, scale_app)
+
+
+def test_replicas_scale_under_direct_dispatch_on_their_engines_counts(scale_direct_app: str) -> None:
+    _scale_up_and_down(SCALE_DIRECT_APP, scale_direct_app)
+    state = httpx.get(f"{scale_direct_app}/admin/state", headers=ADMIN, timeout=10).json()
+    assert sum(state["direct_dispatch"].values()) > 0  # the requests went direct, past Serve's handle
+
+
+def _scale_up_and_down(app: str, url: str) -> None:
+    """Four closed-loop clients until a second replica runs; then idle until one is left."""
+    assert _running(app) == 1
     stop = threading.Event()
 
     def load() -> None:
         while not stop.is_set():
-            _post(scale_app, CAROL, 32)
+            _post(url, CAROL, 32)
 
     threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
     for t in threads:
         t.start()
     try:
-        scaled = wait_until(lambda: _running(SCALE_APP) == 2, timeout_s=150, interval_s=0.5)
-        assert scaled, serve.status().applications[SCALE_APP].deployments["Replica"]
-        room = httpx.get(f"{scale_app}/metrics", headers=ADMIN).text
+        scaled = wait_until(lambda: _running(app) == 2, timeout_s=150, interval_s=0.5)
+        assert scaled, serve.status().applications[app].deployments["Replica"]
+        room = httpx.get(f"{url}/metrics", headers=ADMIN).text
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=120)
     assert "fairlane_replicas" in room
     started = time.monotonic()
-    assert wait_until(lambda: _running(SCALE_APP) == 1, timeout_s=90, interval_s=0.5)
+    assert wait_until(lambda: _running(app) == 1, timeout_s=90, interval_s=0.5)
     assert time.monotonic() - started >= 1.0  # not instant: the downscale delay applies
 
 
