@@ -30,7 +30,7 @@ def register(registry: CollectorRegistry, writer: LedgerWriter) -> None:
     ).set_function(lambda: writer.pending_rows)
     Gauge(
         "fairlane_ledger_spilled_rows", "Rows in this router's local spill file.", registry=registry
-    ).set_function(lambda: writer.spill.rows)
+    ).set_function(lambda: writer.spill.waiting)
     Gauge(
         "fairlane_ledger_dropped_rows",
         "Rows dropped: the spill file or the hand-over queue was full.",

@@ -4,6 +4,11 @@ Each writer appends to a file of its own and holds an exclusive lock on it while
 replays, it also takes any other spill file in the folder whose lock is free: a router that died (or
 was restarted) with rows spilled leaves them to the next writer on the machine, so nothing spilled
 is lost to a restart. The file is bounded: past ``max_rows`` a row is dropped and counted.
+
+A replay first moves the file aside (``take_own``; the lock goes with it) and starts an empty one,
+so rows spilled while the replay runs (a database slower than the rows: ``LedgerWriter``) are never
+cleared with the replayed ones; the aside file goes once its rows are stored (``replayed``), and
+stays for the next replay, or the next writer, if they are not.
 """
 
 from __future__ import annotations
@@ -38,9 +43,17 @@ class SpillFile:
         # One operation at a time: a spill cancelled on the writer's loop still runs in its worker
         # thread, and a close racing it saw no rows and unlinked the file the rows were going to.
         self._lock = threading.Lock()
-        self._own: IO[str] = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  # held while alive
-        fcntl.flock(self._own, fcntl.LOCK_EX)
+        self._own: IO[str] = _locked(self.path)
         self.rows = sum(1 for _ in self._read(self._own))
+        self._aside: IO[str] | None = None  # the file a replay took (``take_own``), still locked
+        self._aside_path: Path | None = None
+        self.aside_rows = 0
+        self._asides = 0
+
+    @property
+    def waiting(self) -> int:
+        """Rows on disk for the database: the file's and those a replay took aside."""
+        return self.rows + self.aside_rows
 
     def append(self, rows: list[LedgerRow]) -> int:
         """Write ``rows`` (as many as the bound allows, synced); how many were written."""
@@ -67,6 +80,28 @@ class SpillFile:
     def read_own(self) -> list[LedgerRow]:
         with self._lock:
             return [LedgerRow.from_dict(d) for d in self._read(self._own)]
+
+    def take_own(self) -> list[LedgerRow]:
+        """The rows to replay: those an earlier replay took aside and did not store, or else the
+        file's, moved aside now (new spills go to a fresh file meanwhile)."""
+        with self._lock:
+            if self._aside is None:
+                if self.rows == 0:
+                    return []
+                self._asides += 1
+                aside = self.folder / f"{self.path.stem}-replay-{os.getpid()}-{self._asides}.jsonl"
+                os.replace(self.path, aside)  # the open file, and its lock, move with it
+                self._aside, self._aside_path, self.aside_rows = self._own, aside, self.rows
+                self._own, self.rows = _locked(self.path), 0
+            return [LedgerRow.from_dict(d) for d in self._read(self._aside)]
+
+    def replayed(self) -> None:
+        """The rows ``take_own`` gave are stored: their file goes."""
+        with self._lock:
+            if self._aside is not None and self._aside_path is not None:
+                self._aside_path.unlink(missing_ok=True)
+                self._aside.close()
+                self._aside, self._aside_path, self.aside_rows = None, None, 0
 
     def clear_own(self) -> None:
         """After a replay stored every row: the file starts empty."""
@@ -95,6 +130,9 @@ class SpillFile:
             self._own.close()  # releases the file lock
             if empty:
                 self.path.unlink(missing_ok=True)
+            if self._aside is not None:  # not stored yet: left, unlocked, to the next writer
+                self._aside.close()
+                self._aside = None
 
     @staticmethod
     def _read(f: IO[str]) -> Iterator[dict]:
@@ -108,3 +146,10 @@ class SpillFile:
             except json.JSONDecodeError:  # a line cut by a crash mid-write: the rest still counts
                 continue
         f.seek(0, os.SEEK_END)
+
+
+def _locked(path: Path) -> IO[str]:
+    """``path`` opened for appending and reading, under an exclusive lock held while it is open."""
+    f = open(path, "a+", encoding="utf-8")  # noqa: SIM115  # held while alive
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f

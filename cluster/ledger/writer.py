@@ -41,6 +41,10 @@ class WriterSettings:
     # takes rows every interval and spills them while the database is away, so only a thread
     # stuck on one batch (``write_timeout_s``) lets the queue grow: 10 s at 1,000 rows/s is 10,000.
     queue_rows: int = 50_000
+    # A database that answers, but slower than rows come, would let the queue reach ``queue_rows``
+    # and drop: past this many rows queued after a write, the queue goes to the spill file (kept
+    # across restarts, ``max_rows`` a file), to be replayed behind what is replaying now.
+    spill_after_rows: int = 10_000
 
 
 class LedgerWriter:
@@ -79,7 +83,7 @@ class LedgerWriter:
     # ---- state, read from any thread ------------------------------------------------------------------
     @property
     def state(self) -> State:
-        if self.spill.rows > 0 or self._next_try > time.monotonic():
+        if self.spill.waiting > 0 or self._next_try > time.monotonic():
             return "spilling"
         since = self._oldest_since()
         waited = time.monotonic() - since if since is not None else 0.0
@@ -217,10 +221,16 @@ class LedgerWriter:
             finally:
                 self._inflight = []
             self._wrote(len(batch))
+            await self._spill_if_behind()
 
     def _wrote(self, rows: int) -> None:
         self.written += rows
         self.last_write = time.time()
+
+    async def _spill_if_behind(self) -> None:
+        """Rows coming faster than the database takes them: the queue goes to the spill file."""
+        if len(self._queue) > self.settings.spill_after_rows:
+            await asyncio.to_thread(self._spill_all)
 
     def _spill_all(self) -> None:
         queue = self._queue
@@ -230,10 +240,10 @@ class LedgerWriter:
 
     async def _replay(self) -> None:
         """The spill files (this writer's, then any dead writer's) into the database."""
-        if self.spill.rows:
-            rows = await asyncio.to_thread(self.spill.read_own)
+        rows = await asyncio.to_thread(self.spill.take_own)  # moved aside: spills go on meanwhile
+        if rows:
             await self._insert_all(rows)
-            await asyncio.to_thread(self.spill.clear_own)
+            await asyncio.to_thread(self.spill.replayed)
         for path in await asyncio.to_thread(self.spill.others):
             with self.spill.adopt(path) as rows:
                 if rows:
@@ -244,6 +254,7 @@ class LedgerWriter:
         for i in range(0, len(rows), step):
             await self._insert(rows[i : i + step])
             self._wrote(len(rows[i : i + step]))
+            await self._spill_if_behind()
 
     async def _insert(self, rows: list[LedgerRow]) -> None:
         """One bounded write: a batch that takes longer is an outage (a silent network, not only a

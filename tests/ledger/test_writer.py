@@ -143,6 +143,27 @@ def test_the_spill_file_is_bounded(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_replay_takes_the_file_aside_so_spills_during_it_are_kept(tmp_path: Path) -> None:
+    spill = SpillFile(tmp_path, "r1", max_rows=100)
+    first, during = rows(4), rows(3, seed=11)
+    spill.append(first)
+    taken = spill.take_own()
+    assert [r.request_id for r in taken] == [r.request_id for r in first]
+    spill.append(during)  # the database is slow: more rows spill while the replay runs
+    assert spill.rows == 3 and spill.aside_rows == 4 and spill.waiting == 7
+    assert len(spill.take_own()) == 4  # not stored yet: the same rows again, not the new ones
+    spill.replayed()
+    assert spill.aside_rows == 0
+    assert [r.request_id for r in spill.take_own()] == [r.request_id for r in during]
+    spill.close()  # that replay did not finish: its file stays for the next writer
+    heir = SpillFile(tmp_path, "r2", max_rows=100)
+    (path,) = heir.others()
+    with heir.adopt(path) as adopted:
+        assert adopted is not None and len(adopted) == 3
+    assert not heir.others()
+    heir.close()
+
+
 @pytest.mark.parametrize("garbage", ['{"request_id": "cut', "not json"])
 def test_a_line_cut_by_a_crash_does_not_lose_the_others(tmp_path: Path, garbage: str) -> None:
     spill = SpillFile(tmp_path, "r1", max_rows=100)

@@ -115,6 +115,45 @@ async def test_a_full_queue_drops_and_counts_without_blocking(sqlite_dsn: str, t
     assert writer.dropped == 31
 
 
+async def test_a_database_slower_than_the_rows_spills_them_instead_of_dropping(
+    sqlite_dsn: str, tmp_path: Path
+) -> None:
+    """Every insert answers, but at 200 rows/s against 500 coming: the queue would pass its bound
+    (300) within a second and drop. The rows queued after each write go to the spill file instead,
+    also while an earlier spill is being replayed, and all of them land."""
+    store = LedgerStore(sqlite_dsn)
+    real_insert = store.insert
+
+    async def slow_insert(batch):
+        await asyncio.sleep(0.2)
+        return await real_insert(batch)
+
+    store.insert = slow_insert
+    settings = WriterSettings(interval_s=0.01, batch_rows=10, queue_rows=300, spill_after_rows=50)
+    writer = LedgerWriter(store, SpillFile(tmp_path, "r1", 100_000), settings)
+    writer.start()
+    writer.put(rows(1, seed=99)[0])
+    await writer.flush()  # migrated and writing: the stream of rows starts now
+    try:
+        for chunk in range(20):  # 1,000 more rows over 2 s
+            for r in rows(50, seed=100 + chunk):
+                writer.put(r)
+            await asyncio.sleep(0.1)
+        assert writer.dropped == 0 and writer.spill.waiting > 0  # it fell behind, and spilled
+        assert await _wait(lambda: writer.pending_rows == 0 and writer.spill.waiting == 0, 30)
+    finally:
+        await writer.close(timeout_s=30)
+    assert writer.dropped == 0
+    assert await _stored(sqlite_dsn) == 1001
+
+
+async def _wait(predicate, timeout_s: float) -> bool:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.05)
+    return True
+
+
 async def test_a_close_ends_a_writing_task_that_swallowed_its_cancel(sqlite_dsn: str, tmp_path: Path) -> None:
     """On Python 3.11 ``asyncio.wait_for`` returns normally when a cancel races the result it waited
     for (the writer's own wake-up wait did so, a driver's may): the writing task then runs on. The
