@@ -3,11 +3,13 @@
 Serve's default policy counts the requests its handles sent (running and queued there). A router
 with direct dispatch sends its requests over its own connection to each replica
 (``routing/direct_dispatch.py``), so Serve never sees them. Each replica therefore reports its
-engine's running and waiting requests (``ReplicaServer.record_autoscaling_stats``, pushed every
+engine's running and waiting requests (``ReplicaServer.engine_requests`` as Serve's
+``record_autoscaling_stats`` hook, set under direct dispatch only; pushed every
 ``metrics_interval_s`` and averaged over ``look_back_period_s``), and this policy asks for as many
 replicas as that total needs at ``target_ongoing_requests`` each. Serve's wrapper around a custom
-policy then applies the bounds, the scaling factors and the up- and downscale delays, as it does
-for its own. Requests sent through Serve's handle reach the engine too, so they are counted once.
+policy then applies the scaling factors and the up- and downscale delays, and its controller the
+bounds, as for its own policy. Requests sent through Serve's handle reach the engine too, so they
+are counted once.
 """
 
 from __future__ import annotations

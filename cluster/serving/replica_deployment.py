@@ -71,6 +71,9 @@ class ReplicaServer:
         self._channels = ChannelSet()
         self._submit: SubmitServer | None = None
         if direct_dispatch:
+            # Serve looks this hook up on the instance after __init__: only under direct dispatch,
+            # whose policy reads it, does a replica push it (Serve's own path stays as it was).
+            self.record_autoscaling_stats = self.engine_requests
             import ray
 
             self._submit = SubmitServer(self.generate_channel, self.routing_stats_wire)
@@ -154,7 +157,7 @@ class ReplicaServer:
             "gc": PROCESS_GC.snapshot(),  # the collector's pauses since start (the engine thread waits)
         }
 
-    def record_autoscaling_stats(self) -> dict[str, float]:
+    def engine_requests(self) -> dict[str, float]:
         """Serve's custom autoscaling metric (``engine_load_policy.py``): what the engine holds,
         whichever way the requests came (direct dispatch is invisible to Serve's own counts)."""
         s = self._engine.stats()
