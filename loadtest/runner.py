@@ -77,17 +77,19 @@ class Runner:
             # (one took up to 235 ms of this process's loop on the H200); unfrozen after.
             freeze_heap()
             PROCESS_GC.install().reset()
-            started_wall = self._start_wall or time.time()
-            self._clock = monotonic_since(time.monotonic() + (started_wall - time.time()))
-            await asyncio.sleep(max(0.0, -self._clock()))  # the shared start
-            poller.start(self._clock)
-            lag = LoopLag()
-            lag.start()
-            with self._progress() as progress:
-                await self._drive(client, progress)
-            lag.stop()
-            gc_pauses = PROCESS_GC.snapshot()
-            thaw_heap()
+            try:
+                started_wall = self._start_wall or time.time()
+                self._clock = monotonic_since(time.monotonic() + (started_wall - time.time()))
+                await asyncio.sleep(max(0.0, -self._clock()))  # the shared start
+                poller.start(self._clock)
+                lag = LoopLag()
+                lag.start()
+                with self._progress() as progress:
+                    await self._drive(client, progress)
+                lag.stop()
+                gc_pauses = PROCESS_GC.snapshot()
+            finally:
+                thaw_heap()
             elapsed = self._clock()
             await poller.stop(elapsed)
             state = await self._admin(client, "GET", "/admin/state")

@@ -103,14 +103,6 @@ class SpillFile:
                 self._aside.close()
                 self._aside, self._aside_path, self.aside_rows = None, None, 0
 
-    def clear_own(self) -> None:
-        """After a replay stored every row: the file starts empty."""
-        with self._lock:
-            self._own.truncate(0)
-            self._own.flush()
-            os.fsync(self._own.fileno())
-            self.rows = 0
-
     @contextlib.contextmanager
     def adopt(self, path: Path) -> Iterator[list[LedgerRow] | None]:
         """A dead writer's rows (None if its writer still lives); the file goes if the block ends

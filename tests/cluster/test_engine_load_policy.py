@@ -45,9 +45,7 @@ def test_before_any_report_the_count_stays() -> None:
 def test_the_app_uses_the_policy_with_direct_dispatch_only() -> None:
     served = AppConfig.model_validate({"autoscaling": SCALING, "stream_channel": True})
     direct = AppConfig.model_validate(served.model_dump() | {"direct_dispatch": True})
-    custom = replica_options(direct)["autoscaling_config"].policy
-    default = replica_options(served)["autoscaling_config"].policy
-    assert custom.policy_function is engine_requests_policy or "engine_requests_policy" in str(
-        custom.policy_function
-    )
-    assert "engine_requests_policy" not in str(default.policy_function)
+    custom = replica_options(direct)["autoscaling_config"].policy.policy_function
+    default = replica_options(served)["autoscaling_config"].policy.policy_function
+    assert custom == "cluster.serving.engine_load_policy.engine_requests_policy"  # Serve keeps its path
+    assert default == "ray.serve.autoscaling_policy:default_autoscaling_policy"
