@@ -118,18 +118,22 @@ def bench_config(args: argparse.Namespace) -> AppConfig:
 
 
 def serve_pids() -> dict[str, int]:
-    """Process ids of this app's proxy, router and replica (Ray's actor table; a debugging API)."""
+    """Process ids of this app's proxy, routers and replica (Ray's actor table; a debugging API).
+    The first router (by actor name) is ``router``; any others are ``router2``, ``router3``, ..."""
     from ray._private.state import actors
 
     pids: dict[str, int] = {}
+    routers: list[tuple[str, int]] = []
     for info in actors(actor_state_name="ALIVE").values():
         name = info["Name"]
         if name.startswith("SERVE_PROXY_ACTOR"):
             pids["proxy"] = info["Pid"]
         elif name.startswith(f"SERVE_REPLICA::{APP_NAME}#Router#"):
-            pids["router"] = info["Pid"]
+            routers.append((name, info["Pid"]))
         elif name.startswith(f"SERVE_REPLICA::{APP_NAME}#Replica#"):
             pids["replica"] = info["Pid"]
+    for i, (_, pid) in enumerate(sorted(routers)):
+        pids["router" if i == 0 else f"router{i + 1}"] = pid
     return pids
 
 

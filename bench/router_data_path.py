@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import numpy as np
 from ray import serve
 
 from bench.cluster_args import app_setting
+from bench.cluster_steps import redis_server
 from bench.data_path_client import Plan, Tally, run
 from bench.router_cost import BASE_CONFIG, cpu_seconds, serve_pids
 from bench.step_replica import BoardStepReplica
@@ -46,42 +48,45 @@ SMOKE = {"streams": 8, "stream_tokens": 24, "short_clients": 8, "duration": 4.0,
 SMOKE |= {"client_procs": 1, "replicas": 1}
 
 
-def bench_config(args: argparse.Namespace) -> AppConfig:
+def bench_config(args: argparse.Namespace, redis_url: str | None = None) -> AppConfig:
     base = load_app_config(BASE_CONFIG)
     tenancy = Path(__file__).resolve().parents[1] / str(base.tenancy_config)
     engine = base.engine.model_dump() | {"device": "cpu"}
     room = max(args.streams, args.short_clients)
     overrides = {"engine": engine, "replica_num_gpus": 0, "replica_num_cpus": 0, "port": free_port()}
     overrides |= {"tenancy_config": str(tenancy), "replica_room": room, "num_replicas": args.replicas}
+    overrides |= {"num_routers": args.routers, "redis_url": redis_url}  # routers share quotas in Redis
     overrides |= dict(app_setting(s) for s in args.set)
     return AppConfig.model_validate(base.model_dump() | overrides)
 
 
-def phase(base: str, args: argparse.Namespace, kind: str, pids: dict[str, int]) -> dict[str, Any]:
+def phase(bases: list[str], args: argparse.Namespace, kind: str, pids: dict[str, int]) -> dict[str, Any]:
+    """One phase; client process ``p`` sends to router ``bases[p % len(bases)]``."""
     clients = args.streams if kind == "streams" else args.short_clients
     tokens = args.stream_tokens if kind == "streams" else args.short_tokens
     start = time.time() + args.warmup
     end = start + args.duration
     procs = max(1, min(args.client_procs, clients))
     plans = [
-        Plan(base, args.model, list(DEMO_KEYS.values()), kind, clients // procs + (p < clients % procs),
-             tokens, args.tpot_ms / 1000, start, end, seed=p)
+        Plan(bases[p % len(bases)], args.model, list(DEMO_KEYS.values()), kind,
+             clients // procs + (p < clients % procs), tokens, args.tpot_ms / 1000, start, end, seed=p)
         for p in range(procs)
     ]  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(procs) as pool:
         pending = pool.map_async(run, plans)
         time.sleep(max(0.0, start - time.time()))
-        _admin(base, "post", "/admin/timings/reset")  # the loop-lag probe starts afresh
+        for base in bases:  # every router's loop-lag probe starts afresh
+            _admin(base, "post", "/admin/timings/reset")
         cpu0 = cpu_seconds(pids)
         spy = _profile(args, kind, pids["router"], end - time.time())
         time.sleep(max(0.0, end - time.time()))
         cpu1 = cpu_seconds(pids)
-        state = _admin(base, "get", "/admin/state")
+        states = [_admin(base, "get", "/admin/state") for base in bases]
         tallies: list[Tally] = pending.get(timeout=args.duration + 600)
     if spy is not None:
         spy.wait()
-    return summarize(kind, tallies, cpu0, cpu1, args.duration, state)
+    return summarize(kind, tallies, cpu0, cpu1, args.duration, states)
 
 
 def direct_ingress_port(pid: int) -> int:
@@ -113,13 +118,18 @@ def _admin(base: str, method: str, path: str) -> dict[str, Any]:
 
 
 def summarize(
-    kind: str, tallies: list[Tally], cpu0: dict, cpu1: dict, span: float, state: dict
+    kind: str, tallies: list[Tally], cpu0: dict, cpu1: dict, span: float, states: list[dict]
 ) -> dict[str, Any]:
+    """The phase's figures; with several routers, CPU ``router`` is all of theirs together and the
+    loop lag is the worst router's (each router's own: ``router_loop_lags_ms``)."""
     ok = sum(t.ok for t in tallies)
     lateness = np.array([x for t in tallies for x in t.lateness] or [np.nan]) * 1000
     gaps = np.array([x for t in tallies for x in t.gaps] or [np.nan]) * 1000
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu1}
     per = {k: 1000 * v / max(1, ok) for k, v in cpu.items()}
+    routers = [k for k in per if k.startswith("router")]
+    per["router"] = sum(per[k] for k in routers)
+    lags = [s.get("loop_lag") for s in states]
     errors: dict[str, int] = {}
     for t in tallies:
         for name, count in t.errors.items():
@@ -137,10 +147,19 @@ def summarize(
         "cpu_ms_per_request": per,
         "router_plus_proxy_cpu_ms_per_request": per.get("router", 0.0) + per.get("proxy", 0.0),
         "cpu_busy_fraction": {k: v / span for k, v in cpu.items()},
-        "router_loop_lag_ms": state.get("loop_lag"),
-        "stream_channel": state.get("stream_channel"),
-        "direct_dispatch_sent": state.get("direct_dispatch"),  # since the start: warm-ups included
+        "routers": len(routers),
+        "router_loop_lag_ms": _worst_lag(lags),
+        "router_loop_lags_ms": lags,
+        "stream_channel": states[0].get("stream_channel"),
+        "direct_dispatch_sent": [s.get("direct_dispatch") for s in states],  # warm-ups included
     }  # fmt: skip
+
+
+def _worst_lag(lags: list[dict | None]) -> dict | None:
+    known = [lag for lag in lags if lag]
+    if not known:
+        return None
+    return {key: max(lag[key] for lag in known) for key in ("max_ms", "p99_ms") if key in known[0]}
 
 
 def _p50_p99(values: np.ndarray) -> dict[str, float]:
@@ -160,7 +179,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="Where to write the JSON.")
     p.add_argument("--smoke", action="store_true", help="A small run for a CPU test.")
@@ -171,6 +190,8 @@ def main() -> None:
     p.add_argument("--short-tokens", type=int, default=2, help="Tokens per short request.")
     p.add_argument("--tpot-ms", type=float, default=10.0, help="The stand-in's time per output token.")
     p.add_argument("--replicas", type=int, default=4, help="Stand-in replicas.")
+    p.add_argument("--routers", type=int, default=1, help="Routers (more than one: --redis-server).")
+    p.add_argument("--redis-server", type=Path, default=None, help="A redis-server binary for the routers.")
     p.add_argument("--duration", type=float, default=30.0, help="Measured seconds per phase.")
     p.add_argument("--warmup", type=float, default=10.0, help="Unmeasured seconds before each phase.")
     p.add_argument("--client-procs", type=int, default=8, help="Client processes.")
@@ -185,7 +206,12 @@ def main() -> None:
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
-    cfg = bench_config(args)
+    return args
+
+
+def run_phases(args: argparse.Namespace, redis_url: str | None) -> tuple[AppConfig, dict[str, Any]]:
+    """Start the app (``--routers`` routers, ``--replicas`` stand-ins) and run each phase on it."""
+    cfg = bench_config(args, redis_url)
     if args.direct_ingress:  # read by every Ray process this driver starts
         os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
     deployment = serve.deployment(BoardStepReplica, **replica_options(cfg))
@@ -196,14 +222,22 @@ def main() -> None:
 
     with local_cluster(cfg, replicas=replicas) as base:
         pids = serve_pids()
-        if args.direct_ingress:
-            base = f"http://127.0.0.1:{direct_ingress_port(pids['router'])}"
-        phases = {kind: phase(base, args, kind, pids) for kind in args.phases.split(",")}
+        routers = [pid for role, pid in pids.items() if role.startswith("router")]
+        bases = [base]  # through Serve's proxy, which spreads requests over the routers
+        if args.direct_ingress:  # each router serves HTTP on its own port: clients spread over them
+            bases = [f"http://127.0.0.1:{direct_ingress_port(pid)}" for pid in routers]
+        return cfg, {kind: phase(bases, args, kind, pids) for kind in args.phases.split(",")}
+
+
+def main() -> None:
+    args = parse_args()
+    with redis_server(args.redis_server, Path(tempfile.mkdtemp())) as redis_url:
+        cfg, phases = run_phases(args, redis_url)
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("RAY_SERVE_")}
     args_seen = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     result = {"phases": phases, "args": args_seen, "cpu_count": os.cpu_count()}
     result |= {"direct_ingress": args.direct_ingress, "stream_channel": cfg.stream_channel}
-    result |= {"direct_dispatch": cfg.direct_dispatch}
+    result |= {"direct_dispatch": cfg.direct_dispatch, "routers": cfg.num_routers}
     result |= {"stream_flush_s": cfg.stream_flush_s, "serve_env": env}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
