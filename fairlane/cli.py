@@ -279,7 +279,9 @@ def simulate_cmd(
     counter_sync_s: float | None = typer.Option(
         None, "--counter-sync-s", help="Routers' counter exchange period (default: the cluster's, 0.1 s)."
     ),
-    router_choice: str = typer.Option("power_of_two", "--router-choice", help="power_of_two or random."),
+    router_choice: str = typer.Option(
+        "power_of_two", "--router-choice", help="power_of_two, random or tenant_two (its tenant waits least)."
+    ),
     share_lifts: bool = typer.Option(
         False, "--share-lifts/--local-lifts", help="Routers share lifts as offsets (tenancy/shared_lifts.py)."
     ),

@@ -4,7 +4,9 @@
   router, power of two choices: two replicas drawn at random, the one with fewer ongoing requests
   wins (``power_of_two``; a router's ongoing requests are those it holds: waiting in its fair queue
   or in flight to a replica). ``random`` is a plain uniform draw (a Kubernetes Service in front of
-  the routers with direct ingress). The sim reads the exact counts; Serve's are cached and probed.
+  the routers with direct ingress). ``tenant_two`` (opt-in; Serve would need a custom request
+  router) compares the request's tenant's waiting requests instead (``tenant_picker``). The sim
+  reads the exact counts; Serve's are cached and probed.
 * **Counter exchange.** Every ``counter_sync_s`` each router runs ``SharedCounters.sync``'s rule
   (``tenancy/counter_sync.py``: publish the growth its queue charged since the last sync, credit the
   others' growth since) against one in-memory ``CounterTotals`` that applies batches as the Redis
@@ -28,6 +30,10 @@ class HoldsRequests(Protocol):
     in_system: int
 
 
+class HoldsTenants(HoldsRequests, Protocol):
+    waiting: list[int]  # per tenant index: requests waiting in this router's queue
+
+
 def router_picker(
     choice: RouterChoiceName, routers: Sequence[HoldsRequests], seed: int = 0
 ) -> Callable[[], int]:
@@ -44,6 +50,24 @@ def router_picker(
         b = rng.randrange(n - 1)
         b += b >= a  # two distinct routers
         return a if routers[a].in_system <= routers[b].in_system else b
+
+    return two_choices
+
+
+def tenant_picker(routers: Sequence[HoldsTenants], seed: int = 0) -> Callable[[int], int]:
+    """``tenant_two``: two routers at random, the one where the arriving request's tenant has fewer
+    requests waiting (ties: fewer held). Each tenant's lanes then stay about equally long on every
+    router, so they empty together: a tenant backlogged in the cluster is rarely out of work on one
+    router (served there less, and lifted on its return as if idle) while it waits on another."""
+    rng = random.Random(seed)
+    n = len(routers)
+
+    def two_choices(tenant: int) -> int:
+        a = rng.randrange(n)
+        b = rng.randrange(n - 1)
+        b += b >= a
+        ra, rb = routers[a], routers[b]
+        return a if (ra.waiting[tenant], ra.in_system) <= (rb.waiting[tenant], rb.in_system) else b
 
     return two_choices
 

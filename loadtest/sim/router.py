@@ -79,6 +79,7 @@ class SimRouter:
         self._queued: dict[str, QueuedRequest] = {}
         self._slots: dict[int, DispatchSlot] = {}
         self.in_system = 0
+        self.waiting = [0] * len(trace.tenants)  # per tenant index: requests in this router's queue
 
     def arrive(self, i: int) -> None:
         """Request ``i`` of the trace reaches the router (already authenticated)."""
@@ -105,6 +106,7 @@ class SimRouter:
         if evicted is not None:  # pushed out of the full queue by a shorter lane: a 429 for it
             self._drop(evicted.request_id, QUEUE_FULL, "total")
         self.in_system += 1
+        self.waiting[t.tenant[i]] += 1
         self._sampler.enqueued(t.tenant[i])
         self._queued[rid] = request
         d = self._dispatcher
@@ -135,6 +137,7 @@ class SimRouter:
         del d._waiters[rid]
         request = self._queued.pop(rid)
         tenant = self._trace.tenant[i]
+        self.waiting[tenant] -= 1
         self._sampler.dequeued(tenant)
         self._sampler.service[tenant] += request.prompt_tokens / self._trace.tenants[tenant].weight
         self._slots[i] = DispatchSlot(request, d)
@@ -170,6 +173,7 @@ class SimRouter:
         i = int(rid)
         del self._dispatcher._waiters[rid]
         self._queued.pop(rid)
+        self.waiting[self._trace.tenant[i]] -= 1
         self._sampler.dequeued(self._trace.tenant[i])
         self._end_lease(i, 0)
         self.in_system -= 1

@@ -10,7 +10,7 @@ import numpy as np
 
 from loadtest.sim.autoscaler import Autoscaler
 from loadtest.sim.events import EventLoop
-from loadtest.sim.multi_router import router_picker, start_counter_exchange
+from loadtest.sim.multi_router import router_picker, start_counter_exchange, tenant_picker
 from loadtest.sim.outcomes import Outcomes, ServiceSampler
 from loadtest.sim.pool import ReplicaPool
 from loadtest.sim.queues import make_queue
@@ -96,7 +96,7 @@ def simulate(
     if len(routers) > 1:
         queues = [r.queue for r in routers]
         start_counter_exchange(loop, queues, cluster.counter_sync_s, running, cluster.share_lifts)
-    _feed(loop, trace, _arrivals(routers, owner, cluster, assign))
+    _feed(loop, trace, _arrivals(routers, owner, cluster, assign, trace.tenant))
     loop.run()
     end = float(np.nanmax(outcomes.end)) if len(trace) else 0.0  # periodic ticks may run past it
     loop.now = end
@@ -152,19 +152,36 @@ def _router(
 
 
 def _arrivals(
-    routers: list[SimRouter], owner: np.ndarray, cluster: ClusterSpec, assign: Callable[[int], int] | None
+    routers: list[SimRouter],
+    owner: np.ndarray,
+    cluster: ClusterSpec,
+    assign: Callable[[int], int] | None,
+    tenant_of: np.ndarray,
 ) -> Callable[[int], None]:
     """Request i reaches one router (one router: straight to it, no draw)."""
     if len(routers) == 1 and assign is None:
         return routers[0].arrive
-    choose = router_picker(cluster.router_choice, routers)
+    if assign is None:
+        assign = _router_choice(routers, cluster, tenant_of)
 
     def arrive(i: int) -> None:
-        k = choose() if assign is None else assign(i)
+        k = assign(i)
         owner[i] = k
         routers[k].arrive(i)
 
     return arrive
+
+
+def _router_choice(
+    routers: list[SimRouter], cluster: ClusterSpec, tenant_of: np.ndarray
+) -> Callable[[int], int]:
+    """Request i -> its router. ``tenant_two`` needs the request's tenant; the others draw blind
+    (``router_picker``, its draw sequence unchanged, so earlier runs repeat)."""
+    if cluster.router_choice == "tenant_two":
+        by_tenant, tenants = tenant_picker(routers), tenant_of.tolist()
+        return lambda i: by_tenant(tenants[i])
+    choose = router_picker(cluster.router_choice, routers)
+    return lambda _: choose()
 
 
 def _feed(loop: EventLoop, trace: Trace, arrive: Callable[[int], None], chunk: int = 4096) -> None:

@@ -14,7 +14,7 @@ from cluster.config import AppConfig
 from tenancy import DispatchPolicy
 
 ChoiceName = Literal["round_robin", "least_loaded", "fairlane"]
-RouterChoiceName = Literal["power_of_two", "random"]
+RouterChoiceName = Literal["power_of_two", "random", "tenant_two"]
 # The cluster's counter sync runs every counter_sync_s on a task of its own (RouterCore.start_counter_sync);
 # until 2026-12-02 it was the monitor loop's load_poll_interval_s (1.0 s), which this default followed.
 COUNTER_SYNC_S: float = AppConfig.model_fields["counter_sync_s"].default
@@ -124,7 +124,8 @@ class ClusterSpec(_Strict):
     )
     router_choice: RouterChoiceName = Field(
         default="power_of_two",
-        description="How Serve's proxy picks a router: power_of_two (fewer held) or random.",
+        description="How Serve's proxy picks a router: power_of_two (fewer held), random, or "
+        "tenant_two (fewer of the tenant's waiting; not Serve's, opt-in).",
     )
 
 

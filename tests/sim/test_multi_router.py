@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from loadtest.sim.multi_router import router_picker
+from loadtest.sim.multi_router import router_picker, tenant_picker
 from loadtest.sim.outcomes import OK, QUOTA
 from loadtest.sim.runner import find_scenario
 from loadtest.sim.simulation import RunResult, simulate
@@ -118,3 +118,54 @@ def test_router_choice_spreads_requests(choice):
         assert picks[3] == 0  # the busy router loses every draw it is in
     else:
         assert 800 < picks[3] < 1200
+
+
+class _Lanes:
+    """A router as ``tenant_picker`` sees it: requests held, and waiting per tenant."""
+
+    def __init__(self, tenants: int, held: int = 0) -> None:
+        self.in_system, self.waiting = held, [0] * tenants
+
+
+def test_tenant_choice_goes_where_the_tenant_waits_least():
+    routers = [_Lanes(2), _Lanes(2, held=50)]
+    routers[0].waiting[0] = 3  # tenant 0 waits on router 0 only; the other router holds more
+    pick = tenant_picker(routers, seed=1)
+    assert {pick(0) for _ in range(50)} == {1}
+    assert {pick(1) for _ in range(50)} == {0}  # tenant 1 waits nowhere: the one holding fewer
+
+
+def test_tenant_choice_keeps_each_tenants_lanes_even():
+    """Fed by one burst and never served, every tenant's lanes stay within one request of each other
+    with 2 routers (both always compared) and within a few with 4 (two of them drawn)."""
+    for n, spread in ((2, 1), (4, 3)):
+        routers = [_Lanes(5) for _ in range(n)]
+        pick, rng = tenant_picker(routers, seed=2), np.random.default_rng(0)
+        for tenant in rng.integers(0, 5, size=2000).tolist():
+            k = pick(tenant)
+            routers[k].waiting[tenant] += 1
+            routers[k].in_system += 1
+        lanes = np.array([r.waiting for r in routers])
+        assert (lanes.max(axis=0) - lanes.min(axis=0)).max() <= spread, lanes
+
+
+def test_tenant_choice_in_a_run_leaves_no_one_waiting(flat_10ms, monkeypatch):
+    """``tenant_two`` end to end: every request is served, each router's per-tenant waiting count
+    returns to zero (arrive, grant and drop keep it), and both tenants use both routers."""
+    seen: dict = {"routers": None, "picks": []}
+
+    def recording(routers, seed=0):
+        seen["routers"], pick = routers, tenant_picker(routers, seed)
+        return lambda tenant: seen["picks"].append((tenant, pick(tenant))) or seen["picks"][-1][1]
+
+    monkeypatch.setattr("loadtest.sim.simulation.tenant_picker", recording)
+    rows = [(0.002 * i, i % 2, 16, 20) for i in range(200)]
+    trace = make_trace(rows, PAIR)
+    cluster = ClusterSpec.model_validate(
+        {"replicas": 1, "kv_blocks": 10_000, "max_num_batched_tokens": 4096, "replica_room": 2}
+        | {"routers": 2, "router_choice": "tenant_two"}
+    )
+    run = simulate(trace, make_config(PAIR), POLICIES["fairlane"], cluster, flat_10ms)
+    assert int((run.outcomes.status == OK).sum()) == 200
+    assert all(not any(r.waiting) for r in seen["routers"])
+    assert set(seen["picks"]) == {(0, 0), (0, 1), (1, 0), (1, 1)}
