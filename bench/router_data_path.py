@@ -120,15 +120,16 @@ def _admin(base: str, method: str, path: str) -> dict[str, Any]:
 def summarize(
     kind: str, tallies: list[Tally], cpu0: dict, cpu1: dict, span: float, states: list[dict]
 ) -> dict[str, Any]:
-    """The phase's figures; with several routers, CPU ``router`` is all of theirs together and the
-    loop lag is the worst router's (each router's own: ``router_loop_lags_ms``)."""
+    """The phase's figures; with several routers, CPU per request ``routers_total`` is all of theirs
+    together (``router``, ``router2``, ...: each one's) and the loop lag is the worst router's (each
+    router's own: ``router_loop_lags_ms``)."""
     ok = sum(t.ok for t in tallies)
     lateness = np.array([x for t in tallies for x in t.lateness] or [np.nan]) * 1000
     gaps = np.array([x for t in tallies for x in t.gaps] or [np.nan]) * 1000
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu1}
     per = {k: 1000 * v / max(1, ok) for k, v in cpu.items()}
     routers = [k for k in per if k.startswith("router")]
-    per["router"] = sum(per[k] for k in routers)
+    per["routers_total"] = sum(per[k] for k in routers)  # every router's CPU, over every request
     lags = [s.get("loop_lag") for s in states]
     errors: dict[str, int] = {}
     for t in tallies:
@@ -145,7 +146,7 @@ def summarize(
         "token_lateness_ms": _p50_p99(lateness),
         "event_gap_ms": _p50_p99(gaps),
         "cpu_ms_per_request": per,
-        "router_plus_proxy_cpu_ms_per_request": per.get("router", 0.0) + per.get("proxy", 0.0),
+        "router_plus_proxy_cpu_ms_per_request": per["routers_total"] + per.get("proxy", 0.0),
         "cpu_busy_fraction": {k: v / span for k, v in cpu.items()},
         "routers": len(routers),
         "router_loop_lag_ms": _worst_lag(lags),
