@@ -160,7 +160,8 @@ def _worst_lag(lags: list[dict | None]) -> dict | None:
     known = [lag for lag in lags if lag]
     if not known:
         return None
-    return {key: max(lag[key] for lag in known) for key in ("max_ms", "p99_ms") if key in known[0]}
+    worst = {key: max(lag[key] for lag in known) for key in ("max_ms", "p99_ms") if key in known[0]}
+    return worst | {"probes": sum(lag.get("probes", 0) for lag in known)}
 
 
 def _p50_p99(values: np.ndarray) -> dict[str, float]:
