@@ -233,7 +233,7 @@ def run_phases(args: argparse.Namespace, redis_url: str | None) -> tuple[AppConf
 
 def main() -> None:
     args = parse_args()
-    with redis_server(args.redis_server, Path(tempfile.mkdtemp())) as redis_url:
+    with redis_server(args.redis_server, Path(tempfile.gettempdir())) as redis_url:  # it writes nothing
         cfg, phases = run_phases(args, redis_url)
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("RAY_SERVE_")}
     args_seen = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

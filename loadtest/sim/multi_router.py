@@ -46,9 +46,7 @@ def router_picker(
         raise ValueError(f"unknown router choice {choice!r}; known: power_of_two, random")
 
     def two_choices() -> int:
-        a = rng.randrange(n)
-        b = rng.randrange(n - 1)
-        b += b >= a  # two distinct routers
+        a, b = _two_distinct(rng, n)
         return a if routers[a].in_system <= routers[b].in_system else b
 
     return two_choices
@@ -63,13 +61,18 @@ def tenant_picker(routers: Sequence[HoldsTenants], seed: int = 0) -> Callable[[i
     n = len(routers)
 
     def two_choices(tenant: int) -> int:
-        a = rng.randrange(n)
-        b = rng.randrange(n - 1)
-        b += b >= a
+        a, b = _two_distinct(rng, n)
         ra, rb = routers[a], routers[b]
         return a if (ra.waiting[tenant], ra.in_system) <= (rb.waiting[tenant], rb.in_system) else b
 
     return two_choices
+
+
+def _two_distinct(rng: random.Random, n: int) -> tuple[int, int]:
+    """Two different router indices, uniformly (two draws, in this order: earlier runs repeat)."""
+    a = rng.randrange(n)
+    b = rng.randrange(n - 1)
+    return a, b + (b >= a)
 
 
 def start_counter_exchange(
