@@ -151,6 +151,8 @@ def summarize(
         "routers": len(routers),
         "router_loop_lag_ms": _worst_lag(lags),
         "router_loop_lags_ms": lags,
+        "router_gc": [s.get("gc") for s in states],  # each router's collector pauses in the window
+        "router_gc_pacer": [s.get("gc_pacer") for s in states],
         "stream_channel": states[0].get("stream_channel"),
         "direct_dispatch_sent": [s.get("direct_dispatch") for s in states],  # warm-ups included
     }  # fmt: skip

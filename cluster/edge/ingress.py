@@ -35,6 +35,7 @@ from cluster.routing.router_core import RouterCore
 from cluster.routing.stream_receiver import StreamReceiver
 from cluster.routing.tenancy_sync import Deployment, TenancySync
 from cluster.serving import replica_board
+from cluster.telemetry.gc_pacer import GcPacer, pacing_wanted
 from cluster.telemetry.gc_pauses import PROCESS_GC, settle_for_serving
 from cluster.telemetry.loop_holds import LoopHolds
 from cluster.telemetry.loop_lag import LoopLag
@@ -114,10 +115,14 @@ class Ingress:
         # collection walks them again (127-161 ms, a pause of every stream, on the CPU box).
         settle_for_serving()
         PROCESS_GC.install()
+        # Young collections on a clock: by count, one walks every stream born since (gc_pacer.py).
+        self.gc_pacer = GcPacer().start() if pacing_wanted() else None
 
     async def __del__(self) -> None:
         # Serve awaits this on a graceful stop: a stopped router no longer counts as having applied.
         await self.core.stop_direct_dispatch()
+        if self.gc_pacer:
+            await self.gc_pacer.stop()
         await self.channel.stop()
         try:
             await asyncio.to_thread(self.tenancy_sync.forget)
@@ -236,6 +241,8 @@ class Ingress:
         self.loop_lag.reset()
         self.loop_holds.reset()
         PROCESS_GC.reset()
+        if self.gc_pacer:
+            self.gc_pacer.reset()
         return {"reset": True}
 
     @api.get("/admin/state", responses=api_docs.ADMIN)
@@ -340,6 +347,7 @@ class Ingress:
             "rss_bytes": rss_bytes(),
             "loop_lag": self.loop_lag.snapshot(),
             "gc": PROCESS_GC.snapshot(),  # the collector's pauses (all the process's threads wait)
+            "gc_pacer": self.gc_pacer.snapshot() if self.gc_pacer else None,
             "loop_thread": threading.current_thread().name,  # Serve's own, or its user-code thread
             "loop_holds": self.loop_holds.snapshot() if self.cfg.loop_holds else None,
             "stream_channel": {"frames": self.channel.frames, "outputs": self.channel.outputs},
