@@ -115,8 +115,9 @@ class Ingress:
         # collection walks them again (127-161 ms, a pause of every stream, on the CPU box).
         settle_for_serving()
         PROCESS_GC.install()
-        # Young collections on a clock: by count, one walks every stream born since (gc_pacer.py).
-        self.gc_pacer = GcPacer().start() if pacing_wanted() else None
+        # Young collections bounded by a clock (by count alone, one walks every stream born since) and
+        # full ones when few requests are held (gc_pacer.py).
+        self.gc_pacer = GcPacer(held=lambda: self.core.held).start() if pacing_wanted() else None
 
     async def __del__(self) -> None:
         # Serve awaits this on a graceful stop: a stopped router no longer counts as having applied.

@@ -1,4 +1,4 @@
-"""The router's cycle collector on a clock instead of on allocation counts.
+"""The router's cycle collector: Python's young trigger bounded by a clock, full collections when quiet.
 
 CPython starts a young collection when allocations minus deallocations, of any generation, pass a
 threshold. A router serving thousands of streams (or holding a backlog) makes request state as fast
@@ -8,17 +8,19 @@ every request born since: on the CPU box, 600 streams through one router, a youn
 objects against a count of 20,127 took 130 ms, a stall of every stream and every request in flight
 (the H200 policy run saw 5 young collections of 54 ms on average, up to 78 ms, in 40 s).
 
-Request state lives for seconds, so no generation boundary is cheap: what a collection walks is what
-was born since the previous one and is still alive. On a clock (``TICK_S``), each collection walks only
-that, and takes the young and middle generations together so that survivors reach the oldest
-generation at once instead of being walked again by a middle collection (73 ms at 600 streams). The
-oldest generation, every request alive but none of the frozen start-up heap
-(``gc_pauses.freeze_heap``), is collected once per ``FULL_EVERY_S``: cycles that outlive a tick (a
-cancelled stream's exception and its frames) wait at most that long.
+So every ``TICK_S`` the two younger generations are collected together: no young collection, the
+clock's or Python's own (still on, at ``gc_pauses.YOUNG_OBJECTS``), walks more than what was born in
+the last tick and is still alive, and survivors reach the oldest generation at once instead of being
+walked again by a middle collection. A shorter tick walks nearly every request once (each is alive
+at some tick): at 50 ms, 10 % of a saturated router's loop on the H200; at 250 ms short requests
+mostly end between ticks.
 
-Measured on the CPU box, 200 streams through one router, 20 s: the longest pause went from 78.9 ms
-(2 collections, 85.8 ms in all) to 9.1 ms (354 collections, 295 ms in all, 1.5 % of the loop).
-``FAIRLANE_GC_PACED=0`` in the environment leaves Python's own trigger in place (A/B runs).
+The oldest generation holds every request alive (not the frozen start-up heap,
+``gc_pauses.freeze_heap``); walking it under a backlog of thousands took 136 ms on the H200. Python
+never starts it here: it runs once the router holds at most ``QUIET_HELD`` requests and
+``FULL_AFTER_S`` have passed, or after ``FULL_EVERY_S`` whatever the router holds. Cycles that outlive
+a tick (a cancelled stream's exception and its frames) wait that long.
+``FAIRLANE_GC_PACED=0`` in the environment leaves Python's own triggers alone (A/B runs).
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ import contextlib
 import gc
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-TICK_S = 0.05
-FULL_EVERY_S = 60.0
+TICK_S = 0.25
+FULL_AFTER_S = 60.0
+FULL_EVERY_S = 600.0
+QUIET_HELD = 16
+NEVER = 2**31 - 1  # the oldest generation's threshold while paced: Python never starts a full collection
 
 
 def pacing_wanted() -> bool:
@@ -46,14 +52,24 @@ class PacerCounts:
 
 
 class GcPacer:
-    """Turns Python's allocation-count trigger off and collects from the event loop on a clock.
-    gc is process-wide: the other threads' objects are collected here too."""
+    """Collects from the event loop on a clock; ``held`` says how many requests the process holds
+    (full collections wait for a quiet moment). gc is process-wide: the other threads' objects are
+    collected here too."""
 
-    def __init__(self, tick_s: float = TICK_S, full_every_s: float = FULL_EVERY_S) -> None:
+    def __init__(
+        self,
+        held: Callable[[], int] = lambda: 0,
+        tick_s: float = TICK_S,
+        full_after_s: float = FULL_AFTER_S,
+        full_every_s: float = FULL_EVERY_S,
+    ) -> None:
+        self.held = held
         self.tick_s = tick_s
+        self.full_after_s = full_after_s
         self.full_every_s = full_every_s
         self.counts = PacerCounts()
         self._last_full = time.monotonic()
+        self._thresholds = gc.get_threshold()
         self._task: asyncio.Task | None = None
 
     @property
@@ -61,9 +77,10 @@ class GcPacer:
         return self._task is not None and not self._task.done()
 
     def start(self) -> GcPacer:
-        """On the running loop; automatic collection stays off until ``stop``."""
+        """On the running loop; Python starts no full collection until ``stop``."""
         if not self.running:
-            gc.disable()
+            self._thresholds = gc.get_threshold()
+            gc.set_threshold(self._thresholds[0], self._thresholds[1], NEVER)
             self._task = asyncio.get_running_loop().create_task(self._run(), name="gc-pacer")
         return self
 
@@ -73,7 +90,7 @@ class GcPacer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        gc.enable()
+            gc.set_threshold(*self._thresholds)
 
     async def _run(self) -> None:
         while True:
@@ -83,7 +100,7 @@ class GcPacer:
     def tick(self, now: float) -> int:
         """One collection: the oldest generation when it is due at ``now``, else the two younger
         ones; returns the generation collected."""
-        if now - self._last_full >= self.full_every_s:
+        if self._full_due(now - self._last_full):
             generation, self._last_full = 2, now
             self.counts.full += 1
         else:
@@ -91,6 +108,9 @@ class GcPacer:
             self.counts.ticks += 1
         gc.collect(generation)
         return generation
+
+    def _full_due(self, since: float) -> bool:
+        return since >= self.full_every_s or (since >= self.full_after_s and self.held() <= QUIET_HELD)
 
     def reset(self) -> None:
         self.counts = PacerCounts()
@@ -100,6 +120,7 @@ class GcPacer:
         return {
             "paced": self.running,
             "tick_s": self.tick_s,
+            "full_after_s": self.full_after_s,
             "full_every_s": self.full_every_s,
             "ticks": self.counts.ticks,
             "full": self.counts.full,

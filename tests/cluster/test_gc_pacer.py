@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.telemetry.gc_pacer import GcPacer, pacing_wanted
+from cluster.telemetry.gc_pacer import NEVER, GcPacer, pacing_wanted
 
 BATCH = 1_000  # one "request's" state: tracked lists, born together, freed together
 
@@ -71,37 +71,44 @@ def test_each_tick_walks_only_what_was_born_since_the_last_one() -> None:
 
 
 @pytest.mark.usefixtures("collector_off")
-def test_the_oldest_generation_is_collected_once_per_full_interval() -> None:
-    pacer = GcPacer(full_every_s=10.0)
+def test_the_oldest_generation_waits_for_a_quiet_moment_or_its_longest_interval() -> None:
+    held = [0]
+    pacer = GcPacer(held=lambda: held[0], full_after_s=10.0, full_every_s=100.0)
     start = pacer._last_full
+    plan = [(1.0, 0), (9.9, 0), (10.0, 50), (10.5, 16), (20.0, 0), (25.0, 0), (60.0, 500), (125.1, 500)]
     seen, hook = _collected_generations()
     try:
-        got = [pacer.tick(start + t) for t in (1.0, 9.9, 10.0, 10.1, 19.9, 20.5)]
+        got = []
+        for at, holding in plan:
+            held[0] = holding
+            got.append(pacer.tick(start + at))
     finally:
         gc.callbacks.remove(hook)
-    assert got == [1, 1, 2, 1, 1, 2]
+    # busy at 10 s: waits; quiet (16 held) at 10.5 s: full; 10 s later: full; busy past 100 s: full anyway
+    assert got == [1, 1, 1, 2, 1, 2, 1, 2]
     assert seen == got  # each tick is one collection, of the generation it says
-    assert pacer.snapshot()["full"] == 2 and pacer.snapshot()["ticks"] == 4
+    assert pacer.snapshot()["full"] == 3 and pacer.snapshot()["ticks"] == 5
     pacer.reset()
     assert pacer.snapshot()["full"] == 0 and pacer.snapshot()["ticks"] == 0
 
 
-def test_it_turns_the_count_trigger_off_and_collects_on_the_loop_until_stopped() -> None:
-    async def run() -> tuple[bool, int, bool]:
+def test_python_starts_no_full_collection_while_paced_and_its_triggers_come_back_after() -> None:
+    async def run() -> tuple[tuple[int, int, int], int, bool]:
         pacer = GcPacer(tick_s=0.01).start()
-        automatic_while_paced = gc.isenabled()
+        paced = gc.get_threshold()
         await asyncio.sleep(0.2)
         ticks = pacer.counts.ticks
         await pacer.stop()
-        return automatic_while_paced, ticks, pacer.running
+        return paced, ticks, pacer.running
 
-    was = gc.isenabled()
+    before = gc.get_threshold()
     try:
-        automatic, ticks, running = asyncio.run(run())
-        assert not automatic and ticks >= 5 and not running
-        assert gc.isenabled()  # stop gives Python's trigger back
+        paced, ticks, running = asyncio.run(run())
+        assert paced == (before[0], before[1], NEVER)  # young and middle triggers as they were
+        assert ticks >= 5 and not running
+        assert gc.get_threshold() == before
     finally:
-        gc.enable() if was else gc.disable()
+        gc.set_threshold(*before)
 
 
 def test_pacing_is_on_unless_the_environment_says_0(monkeypatch: pytest.MonkeyPatch) -> None:
