@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.telemetry.gc_pacer import NEVER, GcPacer, pacing_wanted
+from cluster.telemetry.gc_pacer import MAX_SHARE, NEVER, GcPacer, pacing_wanted
 
 BATCH = 1_000  # one "request's" state: tracked lists, born together, freed together
 
@@ -118,3 +118,9 @@ def test_pacing_is_on_unless_the_environment_says_0(monkeypatch: pytest.MonkeyPa
     assert not pacing_wanted()
     monkeypatch.setenv("FAIRLANE_GC_PACED", "1")
     assert pacing_wanted()
+
+
+def test_a_costly_tick_spaces_the_next_one_out() -> None:
+    pacer = GcPacer(tick_s=0.25)
+    assert pacer.next_wait(0.001) == 0.25  # cheap: on the clock
+    assert pacer.next_wait(0.030) == pytest.approx(0.030 / MAX_SHARE)  # 30 ms: at most 2 % of the loop
