@@ -9,7 +9,8 @@ so ``freeze_heap`` moves them to the permanent generation, which no collection w
 collections then scan only what the process made since (vLLM freezes its heap after its start-up
 and warm-up too: `freeze_gc_heap`).
 
-Young collections are made rarer too (``YOUNG_OBJECTS``), and with them the full ones.
+Young collections are made rarer too (``YOUNG_OBJECTS``), and with them the full ones; a router
+also bounds them by a clock and holds full ones for a quiet moment (``gc_pacer.py``).
 ``GcPauses`` times each collection through ``gc.callbacks``: count, total and longest per
 generation, for ``/admin/state`` and the load generator's own report.
 """
