@@ -118,12 +118,14 @@ def bench_config(args: argparse.Namespace) -> AppConfig:
 
 
 def serve_pids() -> dict[str, int]:
-    """Process ids of this app's proxy, routers and replica (Ray's actor table; a debugging API).
-    The first router (by actor name) is ``router``; any others are ``router2``, ``router3``, ..."""
+    """Process ids of this app's proxy, routers and replicas (Ray's actor table; a debugging API).
+    The first router by actor name is ``router``, any others ``router2``, ``router3``, ...; the
+    replicas likewise ``replica``, ``replica2``, ..."""
     from ray._private.state import actors
 
     pids: dict[str, int] = {}
     routers: list[tuple[str, int]] = []
+    replicas: list[tuple[str, int]] = []
     for info in actors(actor_state_name="ALIVE").values():
         name = info["Name"]
         if name.startswith("SERVE_PROXY_ACTOR"):
@@ -131,10 +133,13 @@ def serve_pids() -> dict[str, int]:
         elif name.startswith(f"SERVE_REPLICA::{APP_NAME}#Router#"):
             routers.append((name, info["Pid"]))
         elif name.startswith(f"SERVE_REPLICA::{APP_NAME}#Replica#"):
-            pids["replica"] = info["Pid"]
-    for i, (_, pid) in enumerate(sorted(routers)):
-        pids["router" if i == 0 else f"router{i + 1}"] = pid
-    return pids
+            replicas.append((name, info["Pid"]))
+    return pids | numbered("router", routers) | numbered("replica", replicas)
+
+
+def numbered(role: str, named_pids: list[tuple[str, int]]) -> dict[str, int]:
+    """``role``, ``role2``, ``role3``, ... in the order of the actors' names."""
+    return {role if i == 0 else f"{role}{i + 1}": pid for i, (_, pid) in enumerate(sorted(named_pids))}
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:

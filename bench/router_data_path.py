@@ -130,6 +130,7 @@ def summarize(
     per = {k: 1000 * v / max(1, ok) for k, v in cpu.items()}
     routers = [k for k in per if k.startswith("router")]
     per["routers_total"] = sum(per[k] for k in routers)  # every router's CPU, over every request
+    per["replicas_total"] = sum(v for k, v in per.items() if k.startswith("replica"))
     lags = [s.get("loop_lag") for s in states]
     errors: dict[str, int] = {}
     for t in tallies:

@@ -56,16 +56,36 @@ def test_several_routers_cpu_is_summed_and_the_worst_loop_lag_reported() -> None
     from bench.data_path_client import Tally
     from bench.router_data_path import summarize
 
-    cpu0 = {"router": 1.0, "router2": 2.0, "proxy": 0.0}
-    cpu1 = {"router": 2.0, "router2": 2.5, "proxy": 0.0}  # 1.0 s and 0.5 s of CPU in the window
+    cpu0 = {"router": 1.0, "router2": 2.0, "proxy": 0.0, "replica": 0.0, "replica2": 1.0}
+    cpu1 = {"router": 2.0, "router2": 2.5, "proxy": 0.0, "replica": 0.25, "replica2": 1.5}
     states = [
-        {"loop_lag": {"max_ms": 40.0, "p99_ms": 9.0, "probes": 10}, "direct_dispatch": {"m": 3}},
-        {"loop_lag": {"max_ms": 25.0, "p99_ms": 12.0, "probes": 11}, "direct_dispatch": {"m": 4}},
+        {
+            "loop_lag": {"max_ms": 40.0, "p99_ms": 9.0, "probes": 10},
+            "direct_dispatch": {"m": 3},
+            "gc": {"max_ms": 7.0},
+        },
+        {
+            "loop_lag": {"max_ms": 25.0, "p99_ms": 12.0, "probes": 11},
+            "direct_dispatch": {"m": 4},
+            "gc": {"max_ms": 2.0},
+        },
     ]
     phase = summarize("short", [Tally(ok=300), Tally(ok=200)], cpu0, cpu1, 10.0, states)
     assert phase["routers"] == 2 and phase["ok_rps"] == 50.0
     per = phase["cpu_ms_per_request"]
     assert per["router"] == 2.0 and per["router2"] == 1.0 and per["routers_total"] == 3.0
     assert phase["router_plus_proxy_cpu_ms_per_request"] == 3.0
+    assert per["replica"] == 0.5 and per["replica2"] == 1.0 and per["replicas_total"] == 1.5  # every replica
+    assert [g["max_ms"] for g in phase["router_gc"]] == [7.0, 2.0]  # each router's collector pauses
     assert phase["router_loop_lag_ms"] == {"max_ms": 40.0, "p99_ms": 12.0, "probes": 21}
     assert phase["direct_dispatch_sent"] == [{"m": 3}, {"m": 4}]
+
+
+def test_every_router_and_replica_process_is_named() -> None:
+    from bench.router_cost import numbered
+
+    named = numbered(
+        "replica", [("SERVE_REPLICA::fairlane#Replica#b", 12), ("SERVE_REPLICA::fairlane#Replica#a", 11)]
+    )
+    assert named == {"replica": 11, "replica2": 12}
+    assert numbered("router", []) == {}
