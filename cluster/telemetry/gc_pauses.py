@@ -114,7 +114,7 @@ class GcPauses:
         return {
             "frozen_objects": _frozen,
             "thresholds": list(gc.get_threshold()),
-            "automatic": gc.isenabled(),  # False where a pacer collects on a clock (gc_pacer.py)
+            "automatic": gc.isenabled(),  # Python's own triggers (a router's pacer keeps the young one)
             "generations": [
                 {"collections": g.count, "total_ms": 1000 * g.total_s, "max_ms": 1000 * g.max_s}
                 for g in self._gens
