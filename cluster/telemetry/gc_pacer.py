@@ -4,9 +4,10 @@ CPython starts a young collection when allocations minus deallocations, of any g
 threshold. A router serving thousands of streams (or holding a backlog) makes request state as fast
 as older requests free theirs, so the count barely moves while the young list keeps everything born
 since the last collection that is still alive. When the count finally passes, that collection walks
-every request born since: on the CPU box, 600 streams through one router, a young list of 148,943
-objects against a count of 20,127 took 130 ms, a stall of every stream and every request in flight
-(the H200 policy run saw 5 young collections of 54 ms on average, up to 78 ms, in 40 s).
+every request born since: on the CPU box, 600 streams through one router (young threshold 20,000 for
+that run), a young list of 148,943 objects against a count of 20,127 took 130 ms, a stall of every
+stream and every request in flight (the H200 policy run saw 5 young collections of 54 ms on
+average, up to 78 ms, in 40 s).
 
 So every ``TICK_S`` the two younger generations are collected together: no young collection, the
 clock's or Python's own (still on, at ``gc_pauses.YOUNG_OBJECTS``), walks more than what was born in
@@ -70,7 +71,7 @@ class GcPacer:
         self.full_every_s = full_every_s
         self.counts = PacerCounts()
         self._last_full = time.monotonic()
-        self._thresholds = gc.get_threshold()
+        self._thresholds: tuple[int, int, int] | None = None  # Python's, taken at start, given back at stop
         self._task: asyncio.Task | None = None
 
     @property
@@ -80,7 +81,8 @@ class GcPacer:
     def start(self) -> GcPacer:
         """On the running loop; Python starts no full collection until ``stop``."""
         if not self.running:
-            self._thresholds = gc.get_threshold()
+            if self._thresholds is None:  # not again after a task that ended: that would keep NEVER
+                self._thresholds = gc.get_threshold()
             gc.set_threshold(self._thresholds[0], self._thresholds[1], NEVER)
             self._task = asyncio.get_running_loop().create_task(self._run(), name="gc-pacer")
         return self
@@ -91,7 +93,9 @@ class GcPacer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._thresholds is not None:
             gc.set_threshold(*self._thresholds)
+            self._thresholds = None
 
     async def _run(self) -> None:
         wait = self.tick_s

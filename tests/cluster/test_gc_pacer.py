@@ -124,3 +124,20 @@ def test_a_costly_tick_spaces_the_next_one_out() -> None:
     pacer = GcPacer(tick_s=0.25)
     assert pacer.next_wait(0.001) == 0.25  # cheap: on the clock
     assert pacer.next_wait(0.030) == pytest.approx(0.030 / MAX_SHARE)  # 30 ms: at most 2 % of the loop
+
+
+def test_a_restart_after_the_clock_ended_still_gives_pythons_thresholds_back() -> None:
+    async def run() -> None:
+        pacer = GcPacer(tick_s=0.01).start()
+        pacer._task.cancel()  # the clock ended without stop (an error in a tick, say)
+        await asyncio.sleep(0)
+        assert not pacer.running
+        pacer.start()  # taken again now, the oldest threshold would be NEVER
+        await pacer.stop()
+
+    before = gc.get_threshold()
+    try:
+        asyncio.run(run())
+        assert gc.get_threshold() == before
+    finally:
+        gc.set_threshold(*before)
