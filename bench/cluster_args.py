@@ -12,7 +12,8 @@ from bench.cluster_plan import GPU, GPU_X2, SMOKE, SMOKE_X2, Plan
 
 
 def app_setting(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` of a top-level ``AppConfig`` field; the value is read as JSON when it parses."""
+    """``KEY=VALUE`` of an ``AppConfig`` field (``engine.late_launch``: a nested one); the value is read
+    as JSON when it parses."""
     key, sep, value = text.partition("=")
     if not sep:
         raise SystemExit(f"--set takes KEY=VALUE, not {text!r}")

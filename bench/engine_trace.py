@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import platform
@@ -34,6 +35,7 @@ import torch
 from loadtest.sampling_mix import sampling_mix
 from replica.config import EngineConfig
 from replica.engine import Engine
+from replica.late_launch import LateLaunch
 from replica.sampling_params import SamplingParams
 
 
@@ -128,11 +130,16 @@ async def run(args) -> dict:
     await run_trace(engine, warm, "mixed")
     results: dict[str, dict] = {}
     try:
+        late = engine.core.late or LateLaunch()  # "both" compares it on the CPU too
+        variants = {"both": (("late", late), ("early", None)), "off": (("", None),)}.get(
+            args.late_launch, (("", late),)
+        )
         for rate_name in args.rates.split(","):
             rate = math.inf if rate_name == "inf" else float(rate_name)
             trace = make_trace(args, vocab, rate)
-            for mix in ("greedy", "mixed"):
-                key = f"{mix}@{rate_name}"
+            for mix, (suffix, launch) in itertools.product(args.mixes.split(","), variants):
+                key = f"{mix}@{rate_name}" + (f":{suffix}" if suffix else "")
+                engine.core.late = launch  # between runs: the loop is idle, and reads it per step
                 results[key] = await run_trace(engine, trace, mix)
                 print(f"[trace] {key}: {results[key]['output_tokens_per_s']:.0f} tok/s", flush=True)
                 if args.json:  # after every run: a run cut off by its time limit still reports
@@ -216,6 +223,13 @@ def parser() -> argparse.ArgumentParser:
     add_trace_shape_args(p)
     p.add_argument("--requests", type=int, default=600)
     p.add_argument("--rates", default="10,20,40,inf", help="requests per second; inf = all at once")
+    p.add_argument("--mixes", default="greedy,mixed", help="sampling mixes to run, of greedy,mixed")
+    p.add_argument(
+        "--late-launch",
+        choices=("default", "off", "both"),
+        default="default",
+        help="plan steps late (replica/late_launch.py) as the engine's default, never, or both (A/B)",
+    )
     return p
 
 

@@ -127,12 +127,19 @@ class AppConfig(AppSettings):
 
 
 def load_app_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> AppConfig:
-    """Read a YAML app config (or none) and apply top-level overrides; raises ValidationError."""
+    """Read a YAML app config (or none) and apply overrides; raises ValidationError. An override's key
+    names a top-level field, or one field of a nested setting ("engine.late_launch")."""
     data: dict[str, Any] = {}
     if path is not None:
         loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the app config must be a mapping")
         data = dict(loaded or {})
-    data.update(overrides or {})
+    for key, value in (overrides or {}).items():
+        head, dot, field = key.partition(".")
+        if dot:
+            nested = data.get(head)
+            data[head] = {**(nested if isinstance(nested, dict) else {}), field: value}
+        else:
+            data[key] = value
     return AppConfig.model_validate(data)

@@ -58,6 +58,11 @@ class EngineSettings(_Frozen):
     enable_prefix_caching: bool = Field(
         default=True, description="Keep prompt KV blocks and find them again, per tenant (docs/engine.md)."
     )
+    late_launch: bool | None = Field(
+        default=None,
+        description="Plan each step as the one on the device is about to end, so arrivals join it "
+        "(docs/engine.md); None: on with CUDA.",
+    )
 
 
 class AutoscalingSettings(_Frozen):

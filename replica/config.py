@@ -75,6 +75,12 @@ class EngineConfig:
     # (hundreds of streams), getting it back takes up to one interval, which then stalls the GPU.
     # On the CPU the engine thread computes itself, and a shorter interval only adds switches.
     gil_switch_interval_ms: float | None = 0.5
+    # Async mode: plan each step once the step on the device is about to end, not as it begins, so
+    # requests arriving meanwhile join the next step (replica/late_launch.py). None: on with CUDA (on
+    # the CPU a launched step has run already). The margin is the headroom left before the expected
+    # end, against wake-up and estimate errors.
+    late_launch: bool | None = None
+    late_launch_margin_ms: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
@@ -97,6 +103,8 @@ class EngineConfig:
             raise InvalidRequestError("gpu_memory_fraction must be in (0, 1)")
         if self.gil_switch_interval_ms is not None and not 0.0 < self.gil_switch_interval_ms <= 100.0:
             raise InvalidRequestError("gil_switch_interval_ms must be in (0, 100]")
+        if not 0.0 <= self.late_launch_margin_ms <= 100.0:
+            raise InvalidRequestError("late_launch_margin_ms must be in [0, 100]")
         if self.decode_attention_splits is not None and not 1 <= self.decode_attention_splits <= 64:
             raise InvalidRequestError("decode_attention_splits must be in [1, 64]")
         if self.decode_attention_tile not in (16, 32, 64, 128, 256):

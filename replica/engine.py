@@ -31,6 +31,7 @@ from replica.engine_core import EngineCore, _Abort, _Add, _Hold
 from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError
 from replica.generation_defaults import GenerationDefaults
 from replica.grammar_compiler import GrammarCompiler
+from replica.late_launch import LateLaunch
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput
@@ -102,7 +103,9 @@ class Engine:
         scheduler = Scheduler(
             blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width, keep_prompts_whole=whole
         )
-        return EngineCore(runner, scheduler, set(self.eos_token_ids), cfg.mode, cfg.profile_history)
+        late_wanted = cfg.late_launch if cfg.late_launch is not None else self.device.type == "cuda"
+        late = LateLaunch(cfg.late_launch_margin_ms) if late_wanted else None
+        return EngineCore(runner, scheduler, set(self.eos_token_ids), cfg.mode, cfg.profile_history, late)
 
     def _default_num_blocks(self) -> int:
         cfg = self.config

@@ -19,6 +19,7 @@ from replica.detokenizer import IncrementalDetokenizer
 from replica.errors import RequestFailedError
 from replica.grammar_masks import advance_matchers, fill_masks, needs_previous
 from replica.io_buffers import StepBuffers
+from replica.late_launch import LateLaunch
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from replica.profiler import StepProfiler, StepRecord
@@ -57,6 +58,15 @@ class _Read:
     done: float
 
 
+BLOCKED_S = 0.0002  # a read back that waited at least this long saw its step end
+
+
+def device_start(handle: StepHandle, before: _Read) -> float:
+    """When the device began `handle`, launched while the step read back as `before` still ran: as
+    that step ended, if the read waited for it; else no later than when the loop began planning it."""
+    return before.done if before.done - before.started >= BLOCKED_S else handle.began_at
+
+
 @dataclass
 class _Hold:
     on: bool  # True: admit requests but schedule nothing new until a _Hold(False)
@@ -64,7 +74,13 @@ class _Hold:
 
 class EngineCore:
     def __init__(
-        self, runner: ModelRunner, scheduler: Scheduler, eos_ids: set[int], mode: str, profile_history: int
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        eos_ids: set[int],
+        mode: str,
+        profile_history: int,
+        late: LateLaunch | None = None,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
@@ -72,6 +88,7 @@ class EngineCore:
         self.eos_ids = eos_ids
         self._eos_frozen = frozenset(eos_ids)
         self.mode = mode
+        self.late = late if mode == "async" else None  # None: plan each step as soon as the last began
         self.profiler = StepProfiler(profile_history)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.deliver: Deliver = lambda batch: None
@@ -123,13 +140,15 @@ class EngineCore:
                     self._flush()
                 continue
             waited_ms = (time.perf_counter() - idle_since) * 1000.0
+            hold_ms = self._hold_for_arrivals(inflight)
             t0 = time.perf_counter()
             plan = self.scheduler.schedule()
             schedule_ms = (time.perf_counter() - t0) * 1000.0
             handle, early = self._launch(plan, inflight)
             launched = handle is not None
             if launched:  # the wait before this step belongs to this step's record
-                handle.idle_ms, handle.schedule_ms = waited_ms, schedule_ms
+                handle.idle_ms, handle.schedule_ms, handle.hold_ms = waited_ms, schedule_ms, hold_ms
+                handle.began_at = t0
             if early is not None:  # read back already: its tokens filled this step's token masks
                 self._finish(inflight, early)
                 inflight = None
@@ -137,7 +156,12 @@ class EngineCore:
                 self._complete(handle)
                 handle = None
             if inflight is not None:
-                self._complete(inflight)
+                read = self._read(inflight)
+                self._finish(inflight, read)
+                if handle is not None:
+                    handle.device_start = device_start(handle, read)
+            elif handle is not None and early is None:  # launched onto an idle device
+                handle.device_start = t0
             inflight = handle
             self._flush()
             idle_since = time.perf_counter()
@@ -146,6 +170,20 @@ class EngineCore:
                 # abort or a new request instead of spinning. A step that ran (sync mode) never waits here.
                 self._drain_inbox(block=True, timeout=0.01)
         self._shutdown()
+
+    def _hold_for_arrivals(self, inflight: StepHandle | None) -> float:
+        """Take in new requests until the step in flight is about to end, so they join the next
+        step instead of the one after it (replica/late_launch.py); the milliseconds held."""
+        if self.late is None or inflight is None:
+            return 0.0
+        deadline = self.late.deadline(inflight.device_start, inflight.plan.num_decode)
+        if deadline is None:
+            return 0.0
+        start = now = time.perf_counter()
+        while now < deadline and not self._stopping and not self._held:
+            self._drain_inbox(block=True, timeout=deadline - now)
+            now = time.perf_counter()
+        return (now - start) * 1000.0
 
     def stop(self) -> None:
         self.inbox.put(None)
@@ -335,9 +373,13 @@ class EngineCore:
             schedule_ms=handle.schedule_ms,
             kind=handle.kind,
             graphed=handle.graphed,
+            hold_ms=handle.hold_ms,
             **handle.timings_ms(),
         )
         self.profiler.add(record)
+        if self.late is not None:
+            host_ms = record.schedule_ms + record.prepare_ms + record.launch_ms
+            self.late.observe(plan.num_decode, prefill_tokens, record.compute_ms, host_ms, record.h2d_ms)
 
     def _update_stats(self) -> None:
         self.stats = EngineStats(

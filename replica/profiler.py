@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 FIELDS = (
     "schedule_ms", "prepare_ms", "launch_ms", "h2d_ms", "compute_ms", "d2h_ms", "gap_ms",
-    "postprocess_ms", "wait_ms", "idle_ms",
+    "postprocess_ms", "wait_ms", "idle_ms", "hold_ms",
 )  # fmt: skip
 
 
@@ -32,6 +32,7 @@ class StepRecord:
     postprocess_ms: float  # host: append tokens, stops, deliver outputs
     wait_ms: float  # host blocked on the step's D2H event
     idle_ms: float  # loop waited for work before this step
+    hold_ms: float = 0.0  # loop waited on purpose for arrivals to join this step (replica/late_launch.py)
     kind: str = "greedy"  # greedy | sample | logprobs (replica/step_sampler.py)
     graphed: bool = False  # replayed a CUDA graph
 

@@ -25,6 +25,9 @@ class StepHandle:
     launch_ms: float = 0.0  # host time to enqueue the step's copies, forward and sampling
     idle_ms: float = 0.0  # host time the loop waited for work before launching this step
     schedule_ms: float = 0.0  # host time the scheduler took to plan this step
+    hold_ms: float = 0.0  # host time the loop held this step's plan back for arrivals
+    began_at: float = 0.0  # host clock (perf_counter) when the loop began planning this step
+    device_start: float | None = None  # host clock when the device began it, as best known
 
     def timings_ms(self) -> dict[str, float]:
         ev = self.events

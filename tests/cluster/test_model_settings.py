@@ -100,3 +100,18 @@ def test_each_model_gets_its_own_deployment_options() -> None:
 def test_a_stand_in_replica_serves_a_one_model_config_only() -> None:
     with pytest.raises(ValueError, match="one-model config"):
         compose(AppConfig.model_validate(TWO), replicas=object())  # type: ignore[arg-type]
+
+
+def test_an_override_sets_one_nested_field_and_keeps_the_rest(tmp_path) -> None:
+    from cluster.config import load_app_config
+
+    path = tmp_path / "app.yaml"
+    path.write_text("engine:\n  model: llama-3.2-1b\n  max_num_seqs: 48\n", encoding="utf-8")
+    config = load_app_config(path, {"engine.late_launch": False, "num_replicas": 3})
+    assert (config.engine.model, config.engine.max_num_seqs, config.engine.late_launch) == (
+        "llama-3.2-1b", 48, False,
+    )  # fmt: skip
+    assert config.num_replicas == 3
+    assert load_app_config(None, {"engine.late_launch": True}).engine.late_launch is True
+    with pytest.raises(ValidationError, match="no_such_field"):
+        load_app_config(path, {"engine.no_such_field": 1})

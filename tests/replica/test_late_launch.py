@@ -1,0 +1,136 @@
+"""Late launch (replica/late_launch.py): the estimate errs short, and a request that arrives while a
+step runs joins the very next step, one step sooner than when steps are planned as they begin."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from replica import Engine, EngineConfig, SamplingParams
+from replica.engine_core import BLOCKED_S, _Read, device_start
+from replica.late_launch import LateLaunch, rows_bucket
+
+# ---- the estimate ----------------------------------------------------------------------------------
+
+
+def test_rows_bucket_rounds_up_to_a_power_of_two():
+    assert [rows_bucket(n) for n in (0, 1, 2, 3, 4, 5, 64, 65, 128)] == [1, 1, 2, 4, 4, 8, 64, 128, 128]
+
+
+def test_no_wait_until_a_pure_decode_step_of_the_shape_was_seen():
+    late = LateLaunch(margin_ms=1.0)
+    assert late.deadline(10.0, 100) is None
+    late.observe(num_decode=100, num_prefill_tokens=300, compute_ms=40.0, host_ms=1.0, h2d_ms=0.1)
+    assert late.deadline(10.0, 100) is None  # a step with prompt work teaches no decode time
+    late.observe(num_decode=100, num_prefill_tokens=0, compute_ms=9.0, host_ms=1.5, h2d_ms=0.5)
+    assert late.deadline(10.0, 100) == pytest.approx(10.0 + (9.0 - 1.5 - 0.5 - 1.0) / 1000)
+    assert late.deadline(None, 100) is None  # the step's start on the device is unknown
+    assert late.deadline(10.0, 20) is None  # another bucket of rows: nothing known
+
+
+def test_estimate_is_the_shortest_recent_step_with_no_more_rows():
+    late = LateLaunch(margin_ms=0.0)
+    for rows, ms in ((70, 8.0), (120, 9.5), (100, 8.6), (90, 8.4)):
+        late.observe(num_decode=rows, num_prefill_tokens=0, compute_ms=ms, host_ms=0.0, h2d_ms=0.0)
+    assert late.expected_compute_ms(128) == 8.0
+    assert late.expected_compute_ms(95) == 8.0
+    assert late.expected_compute_ms(69) is None  # every step seen had more rows: could be longer
+    for _ in range(4):  # older figures age out
+        late.observe(num_decode=80, num_prefill_tokens=0, compute_ms=8.2, host_ms=0.0, h2d_ms=0.0)
+    assert late.expected_compute_ms(100) == 8.2
+
+
+def test_no_wait_when_host_work_fills_the_step():
+    late = LateLaunch(margin_ms=1.0)
+    late.observe(num_decode=4, num_prefill_tokens=0, compute_ms=3.0, host_ms=2.5, h2d_ms=0.0)
+    assert late.deadline(5.0, 4) is None
+
+
+def test_device_start_is_the_previous_steps_end_only_when_the_read_saw_it():
+    class Handle:
+        began_at = 1.0
+
+    waited = _Read(None, None, started=2.0, done=2.0 + 2 * BLOCKED_S)
+    assert device_start(Handle(), waited) == waited.done
+    already_done = _Read(None, None, started=2.0, done=2.0 + BLOCKED_S / 10)
+    assert device_start(Handle(), already_done) == 1.0  # earlier than the truth, never later
+
+
+# ---- the loop, on a pretend device -----------------------------------------------------------------
+
+STEP_S = 0.2  # the pretend device's time per step: far above the CPU's real compute of a small batch
+
+
+class PretendDevice:
+    """Steps run one after another, STEP_S each, on a pretend device; the loop's read of a step
+    blocks until it ends there. The host's real compute (inside launch on the CPU) is hidden, and the
+    step reports the host and device times a GPU step would."""
+
+    def __init__(self, engine: Engine) -> None:
+        core = engine.core
+        self.free_at = 0.0
+        self.spans: dict[int, tuple[float, float]] = {}
+        self.members: dict[int, set[str]] = {}
+        launch, wait = core.runner.launch, core.runner.wait
+
+        def launch_on_device(plan, masks=None):
+            handle = launch(plan, masks)
+            start = max(self.free_at, time.perf_counter())
+            self.free_at = start + STEP_S
+            self.spans[plan.step_id] = (start, self.free_at)
+            self.members[plan.step_id] = {item.seq.request_id for item in plan.items}
+            times = {"prepare_ms": 0.1, "launch_ms": 0.1, "h2d_ms": 0.0, "d2h_ms": 0.0, "gap_ms": 0.0}
+            handle.timings_ms = lambda: {**times, "compute_ms": STEP_S * 1000.0}
+            return handle
+
+        def wait_on_device(handle):
+            time.sleep(max(0.0, self.spans[handle.plan.step_id][1] - time.perf_counter()))
+            return wait(handle)
+
+        core.runner.launch, core.runner.wait = launch_on_device, wait_on_device
+
+    def running_at(self, when: float) -> int:
+        return next(step for step, (start, end) in self.spans.items() if start <= when < end)
+
+
+async def _steps_to_join(late: bool) -> tuple[int, list[float]]:
+    """How many steps after the one running at its arrival a new request is first scheduled in."""
+    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", late_launch=late))
+    await engine.start()
+    device = PretendDevice(engine)
+    params = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
+
+    async def run(prompt: str, request_id: str) -> int:
+        count = 0
+        async for out in engine.generate(prompt, params, request_id=request_id):
+            count += len(out.token_ids)
+        return count
+
+    try:
+        first = asyncio.create_task(run("The sky is", "steady"))
+        while max(device.spans, default=-1) < 4:  # past the prompt and a few decode steps
+            await asyncio.sleep(0.01)
+        start, _ = device.spans[max(device.spans)]  # the newest step: running or next to run
+        await asyncio.sleep(max(0.0, start + 0.3 * STEP_S - time.perf_counter()))
+        arrived = time.perf_counter()
+        counts = await asyncio.gather(first, run("Rivers flow to", "newcomer"))
+    finally:
+        await engine.stop()
+    assert counts == [14, 14]  # nothing lost, nothing repeated
+    joined = min(step for step, ids in device.members.items() if "newcomer" in ids)
+    holds = [r.hold_ms for r in engine.core.profiler.records]
+    return joined - device.running_at(arrived), holds
+
+
+async def test_an_arrival_joins_the_next_step_when_planned_late():
+    steps, holds = await _steps_to_join(late=True)
+    assert steps == 1
+    assert max(holds) > STEP_S * 1000.0 / 2  # the loop waited for arrivals most of a step
+
+
+async def test_an_arrival_waits_a_step_more_when_planned_early():
+    steps, holds = await _steps_to_join(late=False)
+    assert steps == 2
+    assert max(holds) == 0.0
