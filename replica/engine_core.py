@@ -174,7 +174,7 @@ class EngineCore:
     def _hold_for_arrivals(self, inflight: StepHandle | None) -> float:
         """Take in new requests until the step in flight is about to end, so they join the next
         step instead of the one after it (replica/late_launch.py); the milliseconds held."""
-        if self.late is None or inflight is None:
+        if self.late is None or inflight is None or self.scheduler.top_tier_waiting():
             return 0.0
         deadline = self.late.deadline(inflight.device_start, inflight.plan.num_decode)
         if deadline is None:

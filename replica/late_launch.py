@@ -8,12 +8,16 @@ N's arrivals: one and a half steps. A step's tokens are read back when the devic
 way, so running requests lose nothing; the wait only moves the next plan later.
 
 The estimate errs short, because a late one leaves the device idle (the profiler's ``gap_ms``):
-- a step's device time is taken from recent steps with the same number of decode rows (rounded up
-  to a power of two), at least as many, and the smallest of those;
+- a step's device time is the shortest of the recent pure decode steps whose decode rows round up
+  to the same power of two: a decode step's time hardly moves with its rows inside such a bucket
+  (it reads the weights once whatever the rows), and the margin covers the rest;
 - a step with prompt work takes longer than a pure decode step of its rows, so the decode figure
   bounds it from below;
 - when the engine cannot tell when N began on the device (its previous step had ended before the
   host looked), N's launch time stands in: earlier than the truth.
+
+The loop does not wait while top-tier work waits in the engine already: the next step is full of
+it, and nothing that arrives could go ahead of it (replica/engine_core.py).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-HISTORY = 4  # pure decode steps remembered per bucket of decode rows
+HISTORY = 8  # pure decode steps remembered per bucket of decode rows
 
 
 def rows_bucket(num_decode: int) -> int:
@@ -34,7 +38,7 @@ class LateLaunch:
     """Learns step times from the profiler's records and says until when the loop may wait."""
 
     margin_ms: float = 1.0
-    _compute_ms: dict[int, deque[tuple[int, float]]] = field(default_factory=dict)
+    _compute_ms: dict[int, deque[float]] = field(default_factory=dict)
     _host_ms: float = 0.0  # the last step's schedule + prepare + launch time on the host
     _h2d_ms: float = 0.0  # the last step's input copy (it must land before the next step can start)
 
@@ -45,13 +49,12 @@ class LateLaunch:
         self._host_ms, self._h2d_ms = host_ms, h2d_ms
         if num_prefill_tokens == 0 and num_decode > 0:
             seen = self._compute_ms.setdefault(rows_bucket(num_decode), deque(maxlen=HISTORY))
-            seen.append((num_decode, compute_ms))
+            seen.append(compute_ms)
 
     def expected_compute_ms(self, num_decode: int) -> float | None:
         """The device time a step of `num_decode` decode rows will take at least, if known."""
         seen = self._compute_ms.get(rows_bucket(num_decode))
-        fits = [ms for rows, ms in seen or () if rows <= num_decode]
-        return min(fits) if fits else None
+        return min(seen) if seen else None
 
     def deadline(self, started: float | None, num_decode: int) -> float | None:
         """The clock time (seconds, the caller's clock) until which the loop may wait before

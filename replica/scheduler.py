@@ -108,6 +108,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def top_tier_waiting(self) -> bool:
+        """A sequence of the first SLA tier waits: whatever arrives now could not go ahead of it."""
+        return bool(self.waiting) and self.waiting[0].priority == 0
+
     def schedule(self) -> StepPlan | None:
         """Pick the next step's work and claim its cache slots, or None when nothing can run."""
         budget = self.max_num_batched_tokens

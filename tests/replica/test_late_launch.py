@@ -4,13 +4,14 @@ step runs joins the very next step, one step sooner than when steps are planned 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import pytest
 
 from replica import Engine, EngineConfig, SamplingParams
 from replica.engine_core import BLOCKED_S, _Read, device_start
-from replica.late_launch import LateLaunch, rows_bucket
+from replica.late_launch import HISTORY, LateLaunch, rows_bucket
 
 # ---- the estimate ----------------------------------------------------------------------------------
 
@@ -30,14 +31,13 @@ def test_no_wait_until_a_pure_decode_step_of_the_shape_was_seen():
     assert late.deadline(10.0, 20) is None  # another bucket of rows: nothing known
 
 
-def test_estimate_is_the_shortest_recent_step_with_no_more_rows():
+def test_estimate_is_the_shortest_recent_pure_decode_step_of_the_bucket():
     late = LateLaunch(margin_ms=0.0)
     for rows, ms in ((70, 8.0), (120, 9.5), (100, 8.6), (90, 8.4)):
         late.observe(num_decode=rows, num_prefill_tokens=0, compute_ms=ms, host_ms=0.0, h2d_ms=0.0)
-    assert late.expected_compute_ms(128) == 8.0
-    assert late.expected_compute_ms(95) == 8.0
-    assert late.expected_compute_ms(69) is None  # every step seen had more rows: could be longer
-    for _ in range(4):  # older figures age out
+    assert late.expected_compute_ms(128) == late.expected_compute_ms(65) == 8.0
+    assert late.expected_compute_ms(64) is None  # another bucket
+    for _ in range(HISTORY):  # older figures age out
         late.observe(num_decode=80, num_prefill_tokens=0, compute_ms=8.2, host_ms=0.0, h2d_ms=0.0)
     assert late.expected_compute_ms(100) == 8.2
 
@@ -95,18 +95,22 @@ class PretendDevice:
         return next(step for step, (start, end) in self.spans.items() if start <= when < end)
 
 
+PARAMS = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
+
+
+async def _run(engine: Engine, prompt: str, request_id: str) -> int:
+    count = 0
+    async for out in engine.generate(prompt, PARAMS, request_id=request_id):
+        count += len(out.token_ids)
+    return count
+
+
 async def _steps_to_join(late: bool) -> tuple[int, list[float]]:
     """How many steps after the one running at its arrival a new request is first scheduled in."""
     engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", late_launch=late))
     await engine.start()
     device = PretendDevice(engine)
-    params = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
-
-    async def run(prompt: str, request_id: str) -> int:
-        count = 0
-        async for out in engine.generate(prompt, params, request_id=request_id):
-            count += len(out.token_ids)
-        return count
+    run = functools.partial(_run, engine)
 
     try:
         first = asyncio.create_task(run("The sky is", "steady"))
@@ -134,3 +138,23 @@ async def test_an_arrival_waits_a_step_more_when_planned_early():
     steps, holds = await _steps_to_join(late=False)
     assert steps == 2
     assert max(holds) == 0.0
+
+
+async def test_no_wait_while_top_tier_work_waits_in_the_engine():
+    """One row: the second request waits (first tier) while the first runs, and the loop plans
+    every step at once meanwhile; alone, it is held for arrivals again."""
+    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", late_launch=True, max_num_seqs=1))
+    await engine.start()
+    device = PretendDevice(engine)
+    try:
+        both = (_run(engine, "The sky is", "first"), _run(engine, "Rivers flow", "second"))
+        counts = await asyncio.gather(*both)
+    finally:
+        await engine.stop()
+    assert counts == [14, 14]
+    holds = {r.step_id: r.hold_ms for r in engine.core.profiler.records}
+    first = [holds[step] for step, ids in device.members.items() if ids == {"first"}]
+    second = [holds[step] for step, ids in device.members.items() if ids == {"second"}]
+    assert len(first) == len(second) == 14
+    assert max(first) == 0.0
+    assert max(second) > STEP_S * 1000.0 / 2
