@@ -59,9 +59,9 @@ class EngineSettings(_Frozen):
         default=True, description="Keep prompt KV blocks and find them again, per tenant (docs/engine.md)."
     )
     late_launch: bool | None = Field(
-        default=None,
+        default=False,
         description="Plan each step as the one on the device is about to end, so arrivals join it "
-        "(docs/engine.md); None: on with CUDA.",
+        "(docs/engine.md, measured: off by default); None: on with CUDA.",
     )
 
 

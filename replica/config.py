@@ -76,10 +76,12 @@ class EngineConfig:
     # On the CPU the engine thread computes itself, and a shorter interval only adds switches.
     gil_switch_interval_ms: float | None = 0.5
     # Async mode: plan each step once the step on the device is about to end, not as it begins, so
-    # requests arriving meanwhile join the next step (replica/late_launch.py). None: on with CUDA (on
-    # the CPU a launched step has run already). The margin is the headroom left before the expected
-    # end, against wake-up and estimate errors.
-    late_launch: bool | None = None
+    # requests arriving meanwhile join the next step (replica/late_launch.py). Off by default: on the
+    # H200 (8B shape) it cut the engine's TTFT p50 at 20 req/s by 12% at no throughput cost, but
+    # behind the cluster's router it did not shorten the quiet tenants' TTFT, and one of two A/Bs
+    # lost 7% TPOT (docs/bench/HISTORY.md). None: on with CUDA. The margin is the headroom left
+    # before the expected end, against wake-up and estimate errors.
+    late_launch: bool | None = False
     late_launch_margin_ms: float = 1.0
 
     def __post_init__(self) -> None:
