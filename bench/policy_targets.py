@@ -118,6 +118,16 @@ def over_share_jain(run: dict) -> tuple[float | None, float | None]:
     return (min(means) if means else None, min(mins) if mins else None)
 
 
+def replica_profile_mean(meta: dict, key: str) -> float | None:
+    """A step-profile figure averaged over the replicas (a per-step field's mean, or a fraction)."""
+    values = []
+    for profile in (meta.get("replica_profiles") or {}).values():
+        value = profile.get(key)
+        values.append(value.get("mean") if isinstance(value, dict) else value)
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 def within_ttft_attainment(run: dict, cls: str = "interactive") -> float | None:
     side = run.get("attainment_by_share", {}).get(cls, {}).get("within")
     return None if side is None else side["ttft_attainment"]
@@ -148,8 +158,16 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
     gc_router = Row(name, "router's longest GC pause", "", "ms")
     gc_client = Row(name, "load generator's longest GC pause", "", "ms")
     gc_replica = Row(name, "replicas' longest GC pause (since start)", "", "ms")
+    engine = {
+        key: Row(name, f"replicas' step profile (last polled): {label}", "", unit)
+        for key, label, unit in (
+            ("device_busy_fraction", "device busy", "%"),
+            ("hold_ms", "held for arrivals per step, mean (late launch)", "ms"),
+            ("gap_ms", "device idle before a step, mean", "ms"),
+        )
+    }
     rows = [p99, ratio, att, jmean, jmin, jall, at_router, extra50, extra99, *stages.values(), client, router,
-            gc_client, gc_router, gc_replica]  # fmt: skip
+            gc_client, gc_router, gc_replica, *engine.values()]  # fmt: skip
     for policy, run in runs.items():
         q = run.get("quiet_ttft_p99_s")
         p99.values[policy] = q
@@ -174,6 +192,8 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
         gc_router.values[policy] = (meta.get("router_gc") or {}).get("max_ms")
         replicas = [g.get("max_ms", 0.0) for g in (meta.get("replica_gc") or {}).values()]
         gc_replica.values[policy] = max(replicas) if replicas else None
+        for key, row in engine.items():
+            row.values[policy] = replica_profile_mean(meta, key)
     return [*rows, *tenant_rows(name, runs)]
 
 

@@ -38,6 +38,8 @@ def write_run(
         "client_gc": result.client_gc,  # the load generator's collector pauses (ms) in the run
         "router_gc": result.server.get("router_gc"),  # the router's, since the run's timings reset
         "replica_gc": result.server.get("replica_gc"),  # each replica's, since it started
+        # each replica's step profile as last polled (its last profile_history steps): holds, gaps
+        "replica_profiles": result.server.get("replica_profiles"),
     }
     summary = summarize(
         result.records,

@@ -99,6 +99,7 @@ class Runner:
                 "router_loop_lag": state.get("loop_lag") if isinstance(state, dict) else None,
                 "router_gc": state.get("gc") if isinstance(state, dict) else None,
                 "replica_gc": _replica_gc(state),
+                "replica_profiles": state.get("replica_profiles") if isinstance(state, dict) else None,
             }
         records = sorted(self.records, key=lambda r: (r.scheduled, r.tenant))
         return RunResult(

@@ -341,6 +341,7 @@ class Ingress:
             "models": models,
             "loads": self.monitor.loads,  # by the monitor's polls, one replica per poll
             "replica_loads": replica_board.fresh_loads(self.generation) if self.generation else {},
+            "replica_profiles": self.monitor.profiles,  # each replica's step profile, every 5th poll
             "router": self.router_id,
             "tenancy_version": self.tenancy_sync.version,
             "draining": self.drain.draining,

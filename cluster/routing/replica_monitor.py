@@ -64,6 +64,7 @@ class ReplicaMonitor:
         self.model = model
         self.replicas = 0
         self.loads: dict[str, dict] = {}
+        self.profiles: dict[str, dict] = {}  # replica id -> its last step-profile summary
 
     async def poll_once(self, profile: bool = False) -> None:
         try:
@@ -101,6 +102,9 @@ class ReplicaMonitor:
                 async with asyncio.timeout(self._interval * 2):
                     summary = await self._handle.profile.remote()
                 self._metrics.observe_profile(summary, self.model)
+                rid = str(summary.get("replica_id", "?"))
+                self.profiles[rid] = summary | {"model": self.model, "polled_at": time.monotonic()}
+                self.profiles = {r: v for r, v in self.profiles.items() if r in self.loads}
         except Exception as exc:  # a replica being replaced; the next poll tries again
             log.debug("replica load poll failed (%s): %s", self.model, exc)
 
@@ -131,6 +135,11 @@ class MonitorLoop:
     def loads(self) -> dict[str, dict]:
         """Replica id -> its last polled load (each carries its ``model``)."""
         return {rid: load for m in self.monitors for rid, load in m.loads.items()}
+
+    @property
+    def profiles(self) -> dict[str, dict]:
+        """Replica id -> its last step-profile summary (polled every PROFILE_EVERY polls)."""
+        return {rid: summary for m in self.monitors for rid, summary in m.profiles.items()}
 
     def start(self) -> None:
         if self._task is None:

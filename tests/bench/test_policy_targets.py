@@ -45,6 +45,10 @@ def noisy_run(quiet_p99: float, within_ttft: float, jains: tuple[float, float]) 
             "client_gc": {"max_ms": 3.5},
             "router_gc": {"max_ms": 180.0},
             "replica_gc": {"r1": {"max_ms": 4.0}, "r2": {"max_ms": 9.0}},
+            "replica_profiles": {
+                "r1": {"device_busy_fraction": 0.99, "hold_ms": {"mean": 3.0}, "gap_ms": {"mean": 0.1}},
+                "r2": {"device_busy_fraction": 0.97, "hold_ms": {"mean": 1.0}, "gap_ms": {"mean": 0.3}},
+            },
         },
         "quiet_split": {
             "router_ttft_p99_s": 0.1,
@@ -84,6 +88,13 @@ def test_noisy_targets_per_policy() -> None:
     assert rows["router's longest GC pause"].values["fairlane"] == 180.0
     assert rows["load generator's longest GC pause"].values["fcfs"] == 3.5
     assert rows["replicas' longest GC pause (since start)"].values["fcfs"] == 9.0
+    # the engine's side, averaged over the replicas' last polled step profiles
+    assert rows["replicas' step profile (last polled): device busy"].values["fairlane"] == pytest.approx(0.98)
+    held = rows["replicas' step profile (last polled): held for arrivals per step, mean (late launch)"]
+    assert held.values["fcfs"] == pytest.approx(2.0)
+    assert rows["replicas' step profile (last polled): device idle before a step, mean"].values[
+        "fairlane"
+    ] == pytest.approx(0.2)
 
 
 def test_noisy_targets_without_solo_or_groups_are_undecided() -> None:
@@ -113,8 +124,8 @@ def test_table_prints_every_policy_with_met_or_missed() -> None:
         "solo": {"quiet_ttft_p99_s": 0.5},
         "notes": ["fcfs/noisy-neighbour-pairs: skipped, 10s of the budget left"],
     }  # fmt: skip
-    # 6 targets and context, 3 of the quiet split, 2 loop lags, 3 per tenant
-    assert len(target_rows(results)) == 18 + 3 * 4
+    # 6 targets and context, 3 of the quiet split, 2 loop lags, 3 collectors, 3 of the engine, 3 per tenant
+    assert len(target_rows(results)) == 21 + 3 * 4
     console = Console(width=200, record=True)
     console.print(policy_table(results))
     text = console.export_text()

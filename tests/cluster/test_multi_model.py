@@ -105,6 +105,13 @@ def test_each_model_answers_under_its_own_name(multi_url: str) -> None:
         )
     )
 
+    # And every replica's step profile, as the routers last polled it, names its model and its steps.
+    def profiled() -> list[tuple[str, bool]]:
+        profiles = admin_state(multi_url)["replica_profiles"].values()
+        return sorted((p["model"], p["total_steps"] > 0 and "hold_ms" in p) for p in profiles)
+
+    assert wait_until(lambda: profiled() == sorted([(SMALL, True), (RANDOM, True)])), profiled()
+
 
 def test_models_listed_are_those_the_tenant_may_use(multi_url: str) -> None:
     assert [m.id for m in _client(multi_url, ALICE).models.list().data] == [SMALL, RANDOM]
