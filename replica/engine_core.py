@@ -19,7 +19,7 @@ from replica.detokenizer import IncrementalDetokenizer
 from replica.errors import RequestFailedError
 from replica.grammar_masks import advance_matchers, fill_masks, needs_previous
 from replica.io_buffers import StepBuffers
-from replica.late_launch import LateLaunch
+from replica.late_launch import LateLaunch, device_start
 from replica.model_runner import ModelRunner
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from replica.profiler import StepProfiler, StepRecord
@@ -56,15 +56,6 @@ class _Read:
     error: Exception | None
     started: float
     done: float
-
-
-BLOCKED_S = 0.0002  # a read back that waited at least this long saw its step end
-
-
-def device_start(handle: StepHandle, before: _Read) -> float:
-    """When the device began `handle`, launched while the step read back as `before` still ran: as
-    that step ended, if the read waited for it; else no later than when the loop began planning it."""
-    return before.done if before.done - before.started >= BLOCKED_S else handle.began_at
 
 
 @dataclass
@@ -159,7 +150,7 @@ class EngineCore:
                 read = self._read(inflight)
                 self._finish(inflight, read)
                 if handle is not None:
-                    handle.device_start = device_start(handle, read)
+                    handle.device_start = device_start(handle.began_at, read.started, read.done)
             elif handle is not None and early is None:  # launched onto an idle device
                 handle.device_start = t0
             inflight = handle

@@ -26,6 +26,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 HISTORY = 8  # pure decode steps remembered per bucket of decode rows
+BLOCKED_S = 0.0002  # a read back that waited at least this long saw its step end
+
+
+def device_start(began_at: float, read_started: float, read_done: float) -> float:
+    """When the device began a step launched while the previous one still ran: as that one ended,
+    if the loop's read of it waited (from `read_started` to `read_done`); else no later than
+    `began_at`, when the loop began planning the step."""
+    return read_done if read_done - read_started >= BLOCKED_S else began_at
 
 
 def rows_bucket(num_decode: int) -> int:

@@ -10,8 +10,7 @@ import time
 import pytest
 
 from replica import Engine, EngineConfig, SamplingParams
-from replica.engine_core import BLOCKED_S, _Read, device_start
-from replica.late_launch import HISTORY, LateLaunch, rows_bucket
+from replica.late_launch import BLOCKED_S, HISTORY, LateLaunch, device_start, rows_bucket
 
 # ---- the estimate ----------------------------------------------------------------------------------
 
@@ -49,13 +48,8 @@ def test_no_wait_when_host_work_fills_the_step():
 
 
 def test_device_start_is_the_previous_steps_end_only_when_the_read_saw_it():
-    class Handle:
-        began_at = 1.0
-
-    waited = _Read(None, None, started=2.0, done=2.0 + 2 * BLOCKED_S)
-    assert device_start(Handle(), waited) == waited.done
-    already_done = _Read(None, None, started=2.0, done=2.0 + BLOCKED_S / 10)
-    assert device_start(Handle(), already_done) == 1.0  # earlier than the truth, never later
+    assert device_start(1.0, 2.0, 2.0 + 2 * BLOCKED_S) == 2.0 + 2 * BLOCKED_S
+    assert device_start(1.0, 2.0, 2.0 + BLOCKED_S / 10) == 1.0  # earlier than the truth, never later
 
 
 # ---- the loop, on a pretend device -----------------------------------------------------------------
