@@ -21,6 +21,10 @@ The oldest generation holds every request alive (not the frozen start-up heap,
 never starts it here: it runs once the router holds at most ``QUIET_HELD`` requests and
 ``FULL_AFTER_S`` have passed, or after ``FULL_EVERY_S`` whatever the router holds. Cycles that outlive
 a tick (a cancelled stream's exception and its frames) wait that long.
+Ray asks every worker for a full collection now and then (its raylet's local GC, every 90 minutes by
+default, or when the object store fills); its ``PythonGCThread`` would run it at once, under load.
+The pacer takes those requests over: a request makes a full collection due at the next quiet tick,
+or ``FULL_AFTER_S`` after it whatever the router holds.
 ``FAIRLANE_GC_PACED=0`` in the environment leaves Python's own triggers alone (A/B runs).
 """
 
@@ -30,6 +34,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +45,7 @@ FULL_AFTER_S = 60.0
 FULL_EVERY_S = 600.0
 QUIET_HELD = 16
 NEVER = 2**31 - 1  # the oldest generation's threshold while paced: Python never starts a full collection
+RAY_GC_THREAD = "PythonGCThread"  # ray._private.gc_collect_manager: runs its _gc_collect_func on request
 
 
 def pacing_wanted() -> bool:
@@ -51,6 +57,7 @@ def pacing_wanted() -> bool:
 class PacerCounts:
     ticks: int = 0
     full: int = 0
+    requested: int = 0  # full collections Ray asked for
 
 
 class GcPacer:
@@ -73,6 +80,8 @@ class GcPacer:
         self._last_full = time.monotonic()
         self._thresholds: tuple[int, int, int] | None = None  # Python's, taken at start, given back at stop
         self._task: asyncio.Task | None = None
+        self._requested_at: float | None = None  # when Ray asked for a full collection not yet run
+        self._ray_threads: list[tuple[threading.Thread, Callable[[], int]]] = []  # and their own function
 
     @property
     def running(self) -> bool:
@@ -85,7 +94,24 @@ class GcPacer:
                 self._thresholds = gc.get_threshold()
             gc.set_threshold(self._thresholds[0], self._thresholds[1], NEVER)
             self._task = asyncio.get_running_loop().create_task(self._run(), name="gc-pacer")
+            self._take_ray_requests()
         return self
+
+    def _take_ray_requests(self) -> None:
+        """Ray's GC thread calls ``request_full`` instead of a full collection (none in this process:
+        nothing to take)."""
+        for thread in threading.enumerate():
+            own = getattr(thread, "_gc_collect_func", None)
+            if thread.name == RAY_GC_THREAD and own is not None and own != self.request_full:
+                thread._gc_collect_func = self.request_full
+                self._ray_threads.append((thread, own))
+
+    def request_full(self, now: float | None = None) -> int:
+        """A full collection soon, at a quiet tick (called from Ray's thread); 0 objects freed now."""
+        if self._requested_at is None:
+            self._requested_at = time.monotonic() if now is None else now
+        self.counts.requested += 1
+        return 0
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -96,6 +122,9 @@ class GcPacer:
         if self._thresholds is not None:
             gc.set_threshold(*self._thresholds)
             self._thresholds = None
+        for thread, own in self._ray_threads:
+            thread._gc_collect_func = own
+        self._ray_threads = []
 
     async def _run(self) -> None:
         wait = self.tick_s
@@ -114,8 +143,8 @@ class GcPacer:
     def tick(self, now: float) -> int:
         """One collection: the oldest generation when it is due at ``now``, else the two younger
         ones; returns the generation collected."""
-        if self._full_due(now - self._last_full):
-            generation, self._last_full = 2, now
+        if self._full_due(now):
+            generation, self._last_full, self._requested_at = 2, now, None
             self.counts.full += 1
         else:
             generation = 1
@@ -123,8 +152,11 @@ class GcPacer:
         gc.collect(generation)
         return generation
 
-    def _full_due(self, since: float) -> bool:
-        return since >= self.full_every_s or (since >= self.full_after_s and self.held() <= QUIET_HELD)
+    def _full_due(self, now: float) -> bool:
+        since, asked = now - self._last_full, self._requested_at
+        if since >= self.full_every_s or (asked is not None and now - asked >= self.full_after_s):
+            return True
+        return (since >= self.full_after_s or asked is not None) and self.held() <= QUIET_HELD
 
     def reset(self) -> None:
         self.counts = PacerCounts()
@@ -138,4 +170,6 @@ class GcPacer:
             "full_every_s": self.full_every_s,
             "ticks": self.counts.ticks,
             "full": self.counts.full,
+            "ray_requests": self.counts.requested,
+            "ray_thread_taken": bool(self._ray_threads),
         }

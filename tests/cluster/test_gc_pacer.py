@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections import deque
 from collections.abc import Iterator
 
@@ -140,4 +141,54 @@ def test_a_restart_after_the_clock_ended_still_gives_pythons_thresholds_back() -
         asyncio.run(run())
         assert gc.get_threshold() == before
     finally:
+        gc.set_threshold(*before)
+
+
+@pytest.mark.usefixtures("collector_off")
+def test_a_full_collection_ray_asks_for_waits_for_a_quiet_tick_or_its_longest_delay() -> None:
+    held = [500]
+    pacer = GcPacer(held=lambda: held[0], full_after_s=10.0, full_every_s=100.0)
+    start = pacer._last_full
+    assert pacer.tick(start + 1.0) == 1
+    pacer.request_full(now=start + 1.5)
+    assert pacer.tick(start + 2.0) == 1  # busy: later
+    held[0] = 3
+    assert pacer.tick(start + 2.5) == 2  # quiet: now, before FULL_AFTER_S since the last full one
+    assert pacer.tick(start + 3.0) == 1  # answered once
+    held[0] = 500
+    pacer.request_full(now=start + 3.0)
+    assert [pacer.tick(start + at) for at in (5.0, 12.9, 13.0)] == [1, 1, 2]  # busy: 10 s after it asked
+    assert pacer.snapshot()["ray_requests"] == 2 and pacer.snapshot()["full"] == 2
+
+
+def test_rays_gc_thread_asks_the_pacer_while_it_runs_and_collects_itself_after() -> None:
+    from ray._private.gc_collect_manager import PythonGCThread
+
+    ran: list[str] = []
+    ray_thread = PythonGCThread(gc_collect_func=lambda: ran.append("ray's own") or 0)
+    ray_thread.start()
+
+    async def run() -> tuple[int, bool]:
+        pacer = GcPacer(tick_s=10.0).start()
+        ray_thread.trigger_gc()  # what Ray's core worker does when its raylet asks for a collection
+        for _ in range(100):
+            if pacer.counts.requested:
+                break
+            await asyncio.sleep(0.01)
+        taken = pacer.snapshot()["ray_thread_taken"]
+        await pacer.stop()
+        return pacer.counts.requested, taken
+
+    before = gc.get_threshold()
+    try:
+        requested, taken = asyncio.run(run())
+        assert (requested, taken, ran) == (1, True, [])  # deferred to the pacer, not collected at once
+        ray_thread.trigger_gc()  # the pacer stopped: Ray's own function again
+        for _ in range(100):
+            if ran:
+                break
+            threading.Event().wait(0.01)
+        assert ran == ["ray's own"]
+    finally:
+        ray_thread.stop()
         gc.set_threshold(*before)

@@ -95,6 +95,8 @@ def test_each_model_answers_under_its_own_name(multi_url: str) -> None:
     # router_on_serve_loop off: the router's code runs in Serve's user-code thread.
     state = admin_state(multi_url)
     assert "_run_user_code_event_loop" in state["loop_thread"]
+    # Ray's GC thread asks the router's collector clock for full collections (gc_pacer.py).
+    assert state["gc_pacer"]["ray_thread_taken"] is True, state["gc_pacer"]
     # loop_holds on: the requests above were steps of the watched loop.
     assert state["loop_holds"]["steps"] > 0 and state["loop_holds"]["longest"], state["loop_holds"]
     # Every replica's own load names its model (/admin/state replica_loads).
