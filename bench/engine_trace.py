@@ -130,10 +130,11 @@ async def run(args) -> dict:
     await run_trace(engine, warm, "mixed")
     results: dict[str, dict] = {}
     try:
-        late = engine.core.late or LateLaunch()  # "both" compares it on the CPU too
-        variants = {"both": (("late", late), ("early", None)), "off": (("", None),)}.get(
-            args.late_launch, (("", late),)
-        )
+        variants = {
+            "default": (("", engine.core.late),),
+            "off": (("", None),),
+            "both": (("late", engine.core.late or LateLaunch()), ("early", None)),  # on the CPU too
+        }[args.late_launch]
         for rate_name in args.rates.split(","):
             rate = math.inf if rate_name == "inf" else float(rate_name)
             trace = make_trace(args, vocab, rate)

@@ -33,7 +33,7 @@ from ray import serve
 
 from bench.cluster_args import app_setting
 from cluster.app import replica_options
-from cluster.config import AppConfig, load_app_config
+from cluster.config import AppConfig, load_app_config, with_overrides
 from cluster.ops.local_cluster import APP_NAME, free_port, local_cluster
 from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.wire import GenerateArgs
@@ -113,8 +113,8 @@ def bench_config(args: argparse.Namespace) -> AppConfig:
     engine = base.engine.model_dump() | {"device": "cpu"}
     overrides = {"engine": engine, "replica_num_gpus": 0, "replica_num_cpus": 0, "port": free_port()}
     overrides |= {"tenancy_config": str(tenancy), "replica_room": max(args.concurrency, base.replica_room)}
-    overrides |= dict(app_setting(s) for s in args.set)
-    return AppConfig.model_validate(base.model_dump() | overrides)
+    settings = dict(app_setting(s) for s in args.set)
+    return AppConfig.model_validate(with_overrides(base.model_dump() | overrides, settings))
 
 
 def serve_pids() -> dict[str, int]:

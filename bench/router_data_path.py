@@ -40,7 +40,7 @@ from bench.data_path_client import Plan, Tally, run
 from bench.router_cost import BASE_CONFIG, cpu_seconds, serve_pids
 from bench.step_replica import BoardStepReplica
 from cluster.app import replica_options
-from cluster.config import AppConfig, load_app_config
+from cluster.config import AppConfig, load_app_config, with_overrides
 from cluster.ops.local_cluster import free_port, local_cluster
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
 
@@ -56,8 +56,8 @@ def bench_config(args: argparse.Namespace, redis_url: str | None = None) -> AppC
     overrides = {"engine": engine, "replica_num_gpus": 0, "replica_num_cpus": 0, "port": free_port()}
     overrides |= {"tenancy_config": str(tenancy), "replica_room": room, "num_replicas": args.replicas}
     overrides |= {"num_routers": args.routers, "redis_url": redis_url}  # routers share quotas in Redis
-    overrides |= dict(app_setting(s) for s in args.set)
-    return AppConfig.model_validate(base.model_dump() | overrides)
+    settings = dict(app_setting(s) for s in args.set)
+    return AppConfig.model_validate(with_overrides(base.model_dump() | overrides, settings))
 
 
 def phase(bases: list[str], args: argparse.Namespace, kind: str, pids: dict[str, int]) -> dict[str, Any]:

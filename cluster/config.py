@@ -135,11 +135,18 @@ def load_app_config(path: str | Path | None, overrides: dict[str, Any] | None = 
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the app config must be a mapping")
         data = dict(loaded or {})
-    for key, value in (overrides or {}).items():
+    return AppConfig.model_validate(with_overrides(data, overrides or {}))
+
+
+def with_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each override set: a top-level key, or one field of a nested setting
+    ("engine.late_launch", the rest of ``engine`` kept)."""
+    data = dict(data)
+    for key, value in overrides.items():
         head, dot, field = key.partition(".")
         if dot:
             nested = data.get(head)
             data[head] = {**(nested if isinstance(nested, dict) else {}), field: value}
         else:
             data[key] = value
-    return AppConfig.model_validate(data)
+    return data

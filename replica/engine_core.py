@@ -149,7 +149,7 @@ class EngineCore:
             if inflight is not None:
                 read = self._read(inflight)
                 self._finish(inflight, read)
-                if handle is not None:
+                if handle is not None and self.late is not None:
                     handle.device_start = device_start(handle.began_at, read.started, read.done)
             elif handle is not None and early is None:  # launched onto an idle device
                 handle.device_start = t0

@@ -89,3 +89,13 @@ def test_every_router_and_replica_process_is_named() -> None:
     )
     assert named == {"replica": 11, "replica2": 12}
     assert numbered("router", []) == {}
+
+
+def test_a_set_override_may_name_one_engine_field() -> None:
+    from argparse import Namespace
+
+    from bench.router_data_path import bench_config
+
+    settings = ["engine.late_launch=true", "stream_flush_s=0.01"]
+    config = bench_config(Namespace(streams=8, short_clients=8, replicas=1, routers=1, set=settings))
+    assert (config.engine.late_launch, config.engine.device, config.stream_flush_s) == (True, "cpu", 0.01)
