@@ -8,7 +8,8 @@
 
 The step loop runs on a thread of its own (`EngineCore`), so a forward pass never blocks the event
 loop that streams tokens to clients. Requests enter through a thread-safe inbox; outputs come back
-in one batch per step through `loop.call_soon_threadsafe`.
+in one batch per step through `loop.call_soon_threadsafe`, and each goes to its request's callback
+there (`submit`; `generate` streams them through a queue).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from replica.grammar_compiler import GrammarCompiler
 from replica.late_launch import LateLaunch
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
+from replica.open_request import OpenRequest, OutputCallback
 from replica.outputs import EngineStats, RequestMetrics, RequestOutput
 from replica.prefix_cache import chain_root
 from replica.request_intake import check_fits, check_params, make_sequences, prompt_ids
@@ -54,8 +56,7 @@ class Engine:
         self.max_model_len = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, asyncio.Queue] = {}
-        self.waiting_tokens = 0  # uncached prompt + answer budget of requests not producing yet
+        self._streams: dict[str, OpenRequest] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -168,43 +169,64 @@ class Engine:
         prefix cache the request may use (the router's tenant or cache group, and a salt); requests
         of different scopes never share cached blocks. `priority`: the request's SLA tier (0 first);
         the scheduler admits and preempts by it (replica/scheduler.py)."""
-        seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex, cache_scope, priority)
-        request_id = seqs[0].request_id
-        # Work ahead of this request's first token, in the routers' units (kv_router): its uncached
-        # prompt and its answer budget, until it produces.
-        waiting = seqs[0].num_prompt - self.core.scheduler.cached_tokens(seqs[0])
-        waiting += params.max_tokens * len(seqs)
-        stream: asyncio.Queue = asyncio.Queue()
-        for seq in seqs:  # outputs go to this call's queue, never to a later request of the same id
-            seq.sink = stream
-        self._streams[request_id] = stream
-        try:
-            await self._attach_matchers(seqs, params)
-        except BaseException:
-            self._streams.pop(request_id, None)
-            raise
-        self.core.inbox.put(_Add(seqs, detoks, RequestMetrics(arrival=seqs[0].arrival)))
-        if self.core.crashed is not None:  # the loop stopped before it could take this request
-            self._streams.pop(request_id, None)
-            raise EngineStoppedError(f"the engine loop stopped: {self.core.crashed!r}")
-        open_samples = len(seqs)
-        self.waiting_tokens += waiting
+        outputs: asyncio.Queue = asyncio.Queue()
+        request = await self.submit(prompt, params, outputs.put_nowait, request_id, cache_scope, priority)
+        open_samples = len(request.seqs)
         try:
             while open_samples:
-                item = await stream.get()
-                self.waiting_tokens -= waiting
-                waiting = 0
+                item = await outputs.get()
                 if isinstance(item, Exception):
-                    open_samples = 0
                     raise item
                 open_samples -= item.finished
                 yield item
         finally:
-            self.waiting_tokens -= waiting
-            if self._streams.get(request_id) is stream:
-                del self._streams[request_id]
-            if open_samples:
-                self.core.inbox.put(_Abort(request_id, tuple(seqs)))
+            request.cancel()  # nothing once every sample ended
+
+    async def submit(
+        self,
+        prompt: SeqOf[int] | str,
+        params: SamplingParams,
+        on_output: OutputCallback,
+        request_id: str | None = None,
+        cache_scope: str = "",
+        priority: int = 0,
+    ) -> OpenRequest:
+        """Admit a request whose outputs go to `on_output`, called on this event loop as each step's
+        outputs arrive: every sample's outputs in order, then nothing after the last (or after an
+        `Exception`: the request failed). `cancel()` on the answer aborts it and frees its KV blocks.
+        The arguments are `generate`'s; invalid ones raise here, before the engine sees the request."""
+        seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex, cache_scope, priority)
+        # Work ahead of this request's first token, in the routers' units (kv_router): its uncached
+        # prompt and its answer budget, until it produces.
+        waiting = seqs[0].num_prompt - self.core.scheduler.cached_tokens(seqs[0])
+        waiting += params.max_tokens * len(seqs)
+        request_id = seqs[0].request_id
+        request = OpenRequest(request_id, tuple(seqs), on_output, waiting, self._forget, self._abort_open)
+        for seq in seqs:  # outputs go to this request, never to a later one of the same id
+            seq.sink = request
+        self._streams[request_id] = request
+        try:
+            await self._attach_matchers(seqs, params)
+        except BaseException:
+            self._forget(request)
+            raise
+        self.core.inbox.put(_Add(seqs, detoks, RequestMetrics(arrival=seqs[0].arrival)))
+        if self.core.crashed is not None:  # the loop stopped before it could take this request
+            self._forget(request)
+            raise EngineStoppedError(f"the engine loop stopped: {self.core.crashed!r}")
+        return request
+
+    @property
+    def waiting_tokens(self) -> int:
+        """Uncached prompt + answer budget of the requests not producing yet."""
+        return sum(request.waiting for request in self._streams.values())
+
+    def _forget(self, request: OpenRequest) -> None:
+        if self._streams.get(request.request_id) is request:
+            del self._streams[request.request_id]
+
+    def _abort_open(self, request: OpenRequest) -> None:
+        self.core.inbox.put(_Abort(request.request_id, request.seqs))
 
     async def _attach_matchers(self, seqs: list[Sequence], params: SamplingParams) -> None:
         """A response format's grammar, compiled on the compiler's thread (or found in its cache), and
@@ -277,7 +299,7 @@ class Engine:
     def _deliver(self, batch: list) -> None:
         for seq, item in batch:
             if seq.sink is not None:
-                seq.sink.put_nowait(item)
+                seq.sink.deliver(item)
 
     # ---- observability -----------------------------------------------------------------------------
     def stats(self) -> EngineStats:

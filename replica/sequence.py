@@ -51,7 +51,7 @@ class Sequence:
     row: int = -1  # that row's index in the scheduler's block_rows
     finish_reason: str | None = None
     num_preemptions: int = 0
-    sink: object | None = None  # set by the engine: the queue of the call that streams its outputs
+    sink: object | None = None  # set by the engine: its request's OpenRequest (replica/open_request.py)
     index: int = 0  # which of the request's n samples
     forks: list[Sequence] = field(default_factory=list)  # samples 1..n-1, until the prompt is done
     # Token ids banned until min_tokens are out (the model's EOS ids and the request's stop ids).

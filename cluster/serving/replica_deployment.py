@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from cluster.serving import replica_board
+from cluster.serving.channel_relay import ChannelRelay
 from cluster.serving.engine_load_policy import ENGINE_REQUESTS
 from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.submit_server import SubmitServer
@@ -87,10 +88,9 @@ class ReplicaServer:
 
     async def generate(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
         """Stream one request's outputs as dicts; the last one has ``finish_reason`` set."""
-        try:
-            params = SamplingParams(**args.sampling)
-        except (InvalidRequestError, TypeError) as exc:
-            yield error_item("invalid_request", str(exc))
+        params = _sampling_params(args)
+        if isinstance(params, dict):
+            yield params
             return
         started = False
         try:
@@ -128,9 +128,27 @@ class ReplicaServer:
 
     async def generate_channel(self, args: GenerateArgs) -> dict[str, Any]:
         """One request whose outputs travel on the stream channel to ``args.reply_to`` (one frame per
-        flush for all of that router's streams); answers when the last output is written, or with the
-        request's error item. Cancelled (client gone): the engine request is aborted."""
-        return await self._channels.forward(args, self.generate(args))
+        flush for all of that router's streams): each step's outputs go onto the channel as the
+        engine delivers them (``channel_relay.py``). Answers when the last output is written, or with
+        the request's error item. Cancelled (client gone): the engine request is aborted."""
+        params = _sampling_params(args)
+        if isinstance(params, dict):
+            return params
+        channel = self._channels.channel(args.reply_to, args.channel_key, args.flush_s)
+        relay = ChannelRelay(channel, self._replica_id, params.n)
+        try:
+            request = await self._engine.submit(
+                args.prompt_ids, params, relay, args.request_id, args.cache_scope(), args.priority
+            )
+        except InvalidRequestError as exc:
+            return error_item("invalid_request", str(exc))
+        except EngineError as exc:
+            return error_item("engine_error", str(exc))
+        try:
+            await relay.ended
+        finally:
+            request.cancel()  # still producing (the call was cancelled, or its router left): abort it
+        return await relay.answer()
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
@@ -270,3 +288,11 @@ def engine_output(item: dict[str, Any]) -> RequestOutput:
         num_output_tokens=item["num_output_tokens"],
         index=item.get("index", 0),
     )
+
+
+def _sampling_params(args: GenerateArgs) -> SamplingParams | dict[str, Any]:
+    """The request's sampling parameters, or the ``invalid_request`` item that answers bad ones."""
+    try:
+        return SamplingParams(**args.sampling)
+    except (InvalidRequestError, TypeError) as exc:
+        return error_item("invalid_request", str(exc))

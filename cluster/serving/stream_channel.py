@@ -62,6 +62,16 @@ class RouterChannel:
         self._hurry()
         await waiter
 
+    async def answer(self, error: dict[str, Any] | None, tokens: int) -> dict[str, Any]:
+        """A request's answer once its outputs are queued: ``{"ok": True}`` when they are written, or
+        its error item with ``after_tokens``, the tokens written before it (the router ends the stream
+        with it once it has read those); a failed channel answers with a ``channel_error`` item."""
+        try:
+            await self.flushed()
+        except (ConnectionError, OSError) as exc:
+            return error_item("channel_error", f"the router's stream channel failed: {exc}")
+        return {"ok": True} if error is None else {**error, "after_tokens": tokens}
+
     def _hurry(self) -> None:
         self._hurried = True
         if self._urgent is not None and not self._urgent.done():
@@ -146,24 +156,21 @@ class ChannelSet:
         return channel
 
     async def forward(self, args: GenerateArgs, outputs: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
-        """Send one request's outputs on its router's channel; the call's answer is ``{"ok": True}``
-        once the last output is written, or the request's error item with ``after_tokens``, the tokens
-        written before it (the router ends the stream with it once it has read those)."""
+        """Send one request's outputs, read from an async iterator of output items, on its router's
+        channel; the answer is ``RouterChannel.answer``'s. (The engine's requests take the faster
+        way, ``channel_relay.ChannelRelay``; stand-in replicas stream from generators.)"""
         assert args.reply_to is not None and args.channel_key is not None
         channel = self.channel(args.reply_to, args.channel_key, args.flush_s)
         tokens = 0
-        try:
-            async with contextlib.aclosing(outputs):  # cancelled: the engine request is aborted
-                async for item in outputs:
-                    if "error" in item:  # the router reads it after the tokens written before it
-                        await channel.flushed()
-                        return {**item, "after_tokens": tokens}
-                    channel.put(item, urgent=tokens == 0 or item["done"])
-                    tokens += len(item["token_ids"])
-            await channel.flushed()
-        except (ConnectionError, OSError) as exc:
-            return error_item("channel_error", f"the router's stream channel failed: {exc}")
-        return {"ok": True}
+        error = None
+        async with contextlib.aclosing(outputs):  # cancelled: the engine request is aborted
+            async for item in outputs:
+                if "error" in item:  # the router reads it after the tokens written before it
+                    error = item
+                    break
+                channel.put(item, urgent=tokens == 0 or item["done"])
+                tokens += len(item["token_ids"])
+        return await channel.answer(error, tokens)
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -1,0 +1,56 @@
+"""One engine request's outputs, put on its router's stream channel as the engine delivers them.
+
+The engine calls the relay on the replica's event loop with each step's outputs
+(``replica.Engine.submit``): each one becomes a channel item there and then. A busy replica has a
+hundred streams or more open, and passing every output through a queue, a task and two async
+generators per request cost about 1.8 ms of event-loop time per step at 128 streams (on the
+development box): time in which the replica took in no new request and answered no router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from cluster.serving.stream_channel import RouterChannel
+from cluster.serving.wire import error_item, output_item
+from replica import InvalidRequestError, RequestOutput
+
+ABORTED = "the replica stopped before the request finished"
+
+
+class ChannelRelay:
+    """The ``on_output`` of one request whose outputs travel on ``channel``; ``answer()`` is the
+    replica call's answer once the request ended."""
+
+    def __init__(self, channel: RouterChannel, replica_id: str, samples: int) -> None:
+        self._channel = channel
+        self._replica_id = replica_id
+        self._counts = [0] * samples  # output tokens per sample, for the request's running total
+        self._open_samples = samples
+        self.tokens = 0  # put on the channel so far
+        # None once the last output is on the channel, or the request's error item.
+        self.ended: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+
+    def __call__(self, out: RequestOutput | Exception) -> None:
+        if self.ended.done():
+            return
+        if isinstance(out, Exception):
+            kind = "invalid_request" if isinstance(out, InvalidRequestError) else "engine_error"
+            self.ended.set_result(error_item(kind, str(out)))
+        elif out.finish_reason == "abort":  # the engine stopped (shutdown): not an answer
+            self.ended.set_result(error_item("aborted", ABORTED))
+        elif self._channel.broken is not None:  # the router is gone: the caller aborts the request
+            failed = f"the router's stream channel failed: {self._channel.broken}"
+            self.ended.set_result(error_item("channel_error", failed))
+        else:
+            self._counts[out.index] = out.num_output_tokens
+            self._open_samples -= out.finished
+            item = output_item(out, self._replica_id, sum(self._counts), done=self._open_samples == 0)
+            self._channel.put(item, urgent=self.tokens == 0 or item["done"])
+            self.tokens += len(item["token_ids"])
+            if item["done"]:
+                self.ended.set_result(None)
+
+    async def answer(self) -> dict[str, Any]:
+        return await self._channel.answer(await self.ended, self.tokens)
