@@ -128,8 +128,8 @@ def hf_cb_in_child(args) -> dict:
 
 
 def load_only(args) -> LoadedModel:
-    from replica.engine import _pick_device, _pick_dtype
+    from replica.device_choice import pick_device, pick_dtype
     from replica.model_loader import load_model
 
-    device = _pick_device(args.device)
-    return load_model(args.model, device, _pick_dtype("auto", device), args.random_weights)
+    device = pick_device(args.device)
+    return load_model(args.model, device, pick_dtype("auto", device), args.random_weights)

@@ -28,6 +28,7 @@ from replica.block_manager import BlockManager
 from replica.cache_summary import CacheSummary, build_summary
 from replica.config import EngineConfig
 from replica.detokenizer import IncrementalDetokenizer
+from replica.device_choice import pick_device, pick_dtype
 from replica.engine_core import EngineCore, _Abort, _Add, _Hold
 from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError
 from replica.generation_defaults import GenerationDefaults
@@ -49,8 +50,8 @@ MAX_CONTEXT_CAP = 8192
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.device = _pick_device(config.device)
-        self.dtype = _pick_dtype(config.dtype, self.device)
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.device)
         self.loaded: LoadedModel | None = None
         self.core: EngineCore | None = None
         self.max_model_len = 0
@@ -307,18 +308,3 @@ class Engine:
 
     def profile_summary(self) -> dict:
         return self.core.profiler.summary() if self.core else {}
-
-
-def _pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidRequestError("device 'cuda' asked for, but CUDA is not available")
-    return device
-
-
-def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
