@@ -3,8 +3,9 @@
 The engine calls the relay on the replica's event loop with each step's outputs
 (``replica.Engine.submit``): each one becomes a channel item there and then. A busy replica has a
 hundred streams or more open, and passing every output through a queue, a task and two async
-generators per request cost about 1.8 ms of event-loop time per step at 128 streams (on the
-development box): time in which the replica took in no new request and answered no router.
+generators per request cost 1.4 ms of every 7-ms step at 128 streams on the H200 host, against
+0.74 ms with the relay (``bench.replica_delivery``): time in which the replica takes in no new
+request, answers no router, and holds the GIL the engine thread needs to launch its next step.
 """
 
 from __future__ import annotations
