@@ -225,6 +225,8 @@ class Engine:
     def _forget(self, request: OpenRequest) -> None:
         if self._streams.get(request.request_id) is request:
             del self._streams[request.request_id]
+        for seq in request.seqs:  # outputs still in flight are dropped; and no seq ↔ request cycle
+            seq.sink = None  # is left for the collector: refcounting frees both at once
 
     def _abort_open(self, request: OpenRequest) -> None:
         self.core.inbox.put(_Abort(request.request_id, request.seqs))

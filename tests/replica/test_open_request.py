@@ -4,6 +4,8 @@ the request ended; a callback that raises costs no other request its outputs; ``
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 from replica import SamplingParams
 from tests.replica.conftest import collect, wait_until
@@ -66,3 +68,25 @@ def _running_totals(outputs) -> list[int]:
         total += len(out.token_ids)
         totals.append(total)
     return totals
+
+
+async def test_an_ended_request_is_freed_by_refcounting_alone(engine) -> None:
+    """No reference cycle outlives a request: a busy replica raises the collector's thresholds, and
+    every request's sequences (token lists, block tables) would wait for a full collection."""
+    ended = asyncio.get_running_loop().create_future()
+
+    def on_output(out) -> None:
+        if out.finished:
+            ended.set_result(None)
+
+    gc.disable()
+    try:
+        request = await engine.submit(PROMPT, SamplingParams(max_tokens=3, ignore_eos=True), on_output)
+        gone = [weakref.ref(request), *(weakref.ref(seq) for seq in request.seqs)]
+        await asyncio.wait_for(ended, 60)
+        await wait_until(lambda: engine.stats().running == 0, 30)
+        del request
+        await asyncio.sleep(0.1)  # the engine thread has dropped its own references
+        assert [ref() for ref in gone] == [None] * len(gone)
+    finally:
+        gc.enable()
