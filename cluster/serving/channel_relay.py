@@ -14,10 +14,8 @@ import asyncio
 from typing import Any
 
 from cluster.serving.stream_channel import RouterChannel
-from cluster.serving.wire import error_item, output_item
+from cluster.serving.wire import ABORTED, OutputTally, error_item
 from replica import InvalidRequestError, RequestOutput
-
-ABORTED = "the replica stopped before the request finished"
 
 
 class ChannelRelay:
@@ -26,9 +24,7 @@ class ChannelRelay:
 
     def __init__(self, channel: RouterChannel, replica_id: str, samples: int) -> None:
         self._channel = channel
-        self._replica_id = replica_id
-        self._counts = [0] * samples  # output tokens per sample, for the request's running total
-        self._open_samples = samples
+        self._tally = OutputTally(replica_id, samples)
         self.tokens = 0  # put on the channel so far
         # None once the last output is on the channel, or the request's error item.
         self.ended: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
@@ -45,9 +41,7 @@ class ChannelRelay:
             failed = f"the router's stream channel failed: {self._channel.broken}"
             self.ended.set_result(error_item("channel_error", failed))
         else:
-            self._counts[out.index] = out.num_output_tokens
-            self._open_samples -= out.finished
-            item = output_item(out, self._replica_id, sum(self._counts), done=self._open_samples == 0)
+            item = self._tally.item(out)
             self._channel.put(item, urgent=self.tokens == 0 or item["done"])
             self.tokens += len(item["token_ids"])
             if item["done"]:

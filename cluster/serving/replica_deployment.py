@@ -29,7 +29,7 @@ from cluster.serving.channel_relay import ChannelRelay
 from cluster.serving.engine_load_policy import ENGINE_REQUESTS
 from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.submit_server import SubmitServer
-from cluster.serving.wire import GenerateArgs, error_item, merge_items, output_item
+from cluster.serving.wire import ABORTED, GenerateArgs, OutputTally, error_item, merge_items
 from cluster.telemetry.gc_pauses import PROCESS_GC, settle_for_serving
 from cluster.telemetry.process_memory import rss_bytes
 from cluster.text.word_tokenizer import attach_to_engine, word_tokenizer
@@ -102,18 +102,15 @@ class ReplicaServer:
                 priority=args.priority,
             )
             held: dict[int, dict[str, Any]] = {}  # per choice, outputs not sent yet
-            counts = [0] * params.n
-            open_choices = params.n
+            tally = OutputTally(self._replica_id, params.n)
             last_yield = 0.0
             async for out in stream:
                 if out.finish_reason == "abort":  # the engine stopped (shutdown): not an answer
                     for ready in held.values():
                         yield ready
-                    yield error_item("aborted", "the replica stopped before the request finished")
+                    yield error_item("aborted", ABORTED)
                     return
-                counts[out.index] = out.num_output_tokens
-                open_choices -= out.finished
-                item = output_item(out, self._replica_id, sum(counts), done=open_choices == 0)
+                item = tally.item(out)
                 held[out.index] = merge_items(held[out.index], item) if out.index in held else item
                 now = time.monotonic()
                 if not started or out.finished or now - last_yield >= args.coalesce_s:

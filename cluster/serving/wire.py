@@ -83,8 +83,26 @@ def output_item(out: RequestOutput, replica_id: str, total_output_tokens: int, d
     return item
 
 
+class OutputTally:
+    """One request's running counts over its choices: each engine output as its ``output_item``, with
+    the request's total output tokens so far and ``done`` once every choice has ended."""
+
+    def __init__(self, replica_id: str, choices: int) -> None:
+        self._replica_id = replica_id
+        self._counts = [0] * choices  # output tokens per choice
+        self._open_choices = choices
+
+    def item(self, out: RequestOutput) -> dict[str, Any]:
+        self._counts[out.index] = out.num_output_tokens
+        self._open_choices -= out.finished
+        return output_item(out, self._replica_id, sum(self._counts), done=self._open_choices == 0)
+
+
 def _logprob(lp) -> list:
     return [lp.token_id, lp.logprob, [list(pair) for pair in lp.top]]
+
+
+ABORTED = "the replica stopped before the request finished"
 
 
 def error_item(kind: str, message: str) -> dict[str, Any]:
