@@ -19,14 +19,13 @@ from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.prompt_batch import BatchRequest
 from cluster.edge.responses import (
     ChoiceState,
-    ClosingStreamingResponse,
     ResponseMeta,
+    SseRenderer,
     UsageTally,
     choice_states,
     full_body,
-    guarded,
-    sse_stream,
 )
+from cluster.edge.stream_responses import SseResponse
 from cluster.edge.tool_answers import ChunkShaper, ToolPlan, tool_plan
 from cluster.errors import error_response
 from cluster.routing.request_flow import ActiveRequest
@@ -63,15 +62,8 @@ async def answer(
     tools = tool_plan(body, jobs.tool_family) if isinstance(body, ChatCompletionRequest) else None
     if body.stream:
         shape = ChunkShaper(tools) if tools is not None else None
-        stream = guarded(
-            sse_stream(meta, active.outputs(), body.include_usage, jobs.encoder.token_text, samples, shape)
-        )
-        return ClosingStreamingResponse(
-            stream,
-            lambda: active.close("aborted", "client_gone"),  # no-op after a normal end
-            media_type="text/event-stream",
-            headers=headers,
-        )
+        renderer = SseRenderer(meta, body.include_usage, jobs.encoder.token_text, samples, shape)
+        return SseResponse(active, renderer, headers)
     choices = choice_states(meta, jobs.encoder.token_text, samples)
     tally = UsageTally()
     taken = 0

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-from starlette.responses import StreamingResponse
 
 from cluster.edge.logprobs_format import (
     CompletionLogprobs,
@@ -25,7 +23,6 @@ from cluster.edge.logprobs_format import (
 )
 from cluster.edge.openai_schemas import usage
 from cluster.edge.sse_pieces import PlainPieces
-from cluster.errors import classify, error_body
 
 Kind = Literal["completion", "chat"]
 FINISH = {"stop": "stop", "length": "length"}
@@ -211,44 +208,6 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-async def sse_stream(
-    meta: ResponseMeta,
-    outputs: AsyncIterator[dict[str, Any]],
-    include_usage: bool,
-    token_text: TokenText = str,
-    n: int = 1,
-    shape: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
-) -> AsyncIterator[bytes]:
-    """Chunks for every output, the usage chunk when asked, then ``data: [DONE]``.
-
-    ``shape`` rewrites each chunk into none or more (tool calls: ``tool_answers.ChunkShaper``).
-
-    The last output's chunk, the usage chunk and ``[DONE]`` leave as one piece: each piece is one
-    ASGI message through Serve (router → proxy hop, one socket write), the per-request cost that
-    bounds a router's requests per second. The bytes on the wire are the same.
-    """
-    states = choice_states(meta, token_text, n)
-    ended = False
-    tally = UsageTally()
-    plain = meta.logprobs is None and meta.echo is None and not meta.continuous_usage and shape is None
-    pieces = PlainPieces(_envelope(meta, chunked=True), meta.kind) if plain else None
-    async for item in outputs:  # pulled to its end: that is where the request is closed as "ok"
-        tally.add(item)
-        state = states[item["index"]]
-        if item["done"]:
-            last = _shaped(shape, chunk(meta, state, item))
-            yield last + _tail(meta, tally, include_usage)
-            ended = True
-        elif pieces is not None and state.started and item["finish_reason"] is None and item["text"]:
-            yield pieces.piece(state.index, item["text"])  # the common chunk, pre-serialized
-        elif item["text"] or not state.started or item["finish_reason"] is not None or "logprobs" in item:
-            piece = _shaped(shape, chunk(meta, state, item))
-            if piece:
-                yield piece
-    if not ended:
-        yield _tail(meta, tally, include_usage)
-
-
 def _shaped(shape: Callable[[dict[str, Any]], list[dict[str, Any]]] | None, body: dict[str, Any]) -> bytes:
     return b"".join(sse(c) for c in shape(body)) if shape is not None else sse(body)
 
@@ -259,25 +218,66 @@ def _tail(meta: ResponseMeta, tally: UsageTally, include_usage: bool) -> bytes:
     return usage_part + sse("[DONE]")
 
 
-async def guarded(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Pass chunks on; an error after the headers went out becomes an OpenAI error event."""
-    try:
-        async for c in chunks:
-            yield c
-    except Exception as exc:
-        yield sse(error_body(classify(exc)))
+class SseRenderer:
+    """A streamed response's bytes, output by output: each output's chunk (none, or several when
+    ``shape`` rewrites it: tool calls, ``tool_answers.ChunkShaper``), then the usage chunk when
+    asked and ``data: [DONE]``. The pulled stream (``sse_stream``) and the pushed one
+    (``pushed_stream``) both write these bytes.
+
+    The last output's chunk, the usage chunk and ``[DONE]`` leave as one piece: each piece is one
+    socket write (and through Serve's proxy one ASGI message), so fewer pieces cost the router less.
+    """
+
+    def __init__(
+        self,
+        meta: ResponseMeta,
+        include_usage: bool,
+        token_text: TokenText = str,
+        n: int = 1,
+        shape: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    ) -> None:
+        self._meta, self._include_usage, self._shape = meta, include_usage, shape
+        self._states = choice_states(meta, token_text, n)
+        self._tally = UsageTally()
+        self.ended = False
+        plain = meta.logprobs is None and meta.echo is None and not meta.continuous_usage and shape is None
+        self._pieces = PlainPieces(_envelope(meta, chunked=True), meta.kind) if plain else None
+
+    def render(self, item: dict[str, Any]) -> bytes:
+        """The bytes of one output (empty when it shows nothing); its last output's include the tail."""
+        meta, shape = self._meta, self._shape
+        self._tally.add(item)
+        state = self._states[item["index"]]
+        if item["done"]:
+            self.ended = True
+            return _shaped(shape, chunk(meta, state, item)) + _tail(meta, self._tally, self._include_usage)
+        if self._pieces is not None and state.started and item["finish_reason"] is None and item["text"]:
+            return self._pieces.piece(state.index, item["text"])  # the common chunk, pre-serialized
+        if item["text"] or not state.started or item["finish_reason"] is not None or "logprobs" in item:
+            return _shaped(shape, chunk(meta, state, item))
+        return b""
+
+    def tail(self) -> bytes:
+        """The usage chunk and ``[DONE]`` of a stream whose outputs ended without a last one."""
+        return b"" if self.ended else _tail(self._meta, self._tally, self._include_usage)
 
 
-class ClosingStreamingResponse(StreamingResponse):
-    """A stream that always ends its request: a client gone before the first chunk was pulled
-    leaves the body generator unstarted (its ``finally`` never runs), so ``on_close`` runs here."""
+def sse_stream(
+    meta: ResponseMeta,
+    outputs: AsyncIterator[dict[str, Any]],
+    include_usage: bool,
+    token_text: TokenText = str,
+    n: int = 1,
+    shape: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+) -> AsyncIterator[bytes]:
+    """``SseRenderer``'s pieces for every output pulled from ``outputs``."""
+    return rendered(SseRenderer(meta, include_usage, token_text, n, shape), outputs)
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kw) -> None:
-        super().__init__(content, **kw)
-        self._on_close = on_close
 
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._on_close()
+async def rendered(renderer: SseRenderer, outputs: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async for item in outputs:  # pulled to its end: that is where the request is closed as "ok"
+        piece = renderer.render(item)
+        if piece:
+            yield piece
+    if not renderer.ended:
+        yield renderer.tail()

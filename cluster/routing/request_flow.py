@@ -22,7 +22,7 @@ from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnav
 from cluster.routing import request_ends
 from cluster.routing.direct_dispatch import DirectDispatch
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
-from cluster.routing.outcomes import outcome_of
+from cluster.routing.outcomes import outcome_of, stream_failure
 from cluster.routing.request_job import Job, Timeouts
 from cluster.routing.stream_receiver import ChannelStream, StreamReceiver
 from cluster.serving.wire import GenerateArgs
@@ -215,8 +215,8 @@ class ActiveRequest:
                     break
                 if self.lease is not None and time.monotonic() - last_renew > RENEW_EVERY_S:
                     last_renew = time.monotonic()
-                    await self._quotas.renew(self.lease)
-                item = await self.next_item(self._runner.timeouts.token_s)
+                    await self.renew_lease()
+                item = await self.next_item(self.token_timeout_s)
         except BaseException as exc:
             outcome = outcome_of(exc)
             raise
@@ -235,10 +235,14 @@ class ActiveRequest:
             raise ServiceUnavailable("the replica did not answer in time", code="replica_timeout") from None
         except StopAsyncIteration:
             raise ReplicaFailure("the replica ended the stream early") from None
-        except (ClusterError, asyncio.CancelledError):
+        except ClusterError:
             raise
-        except Exception as exc:  # a replica died or Serve could not route: retryable for the client
-            raise ReplicaFailure(f"replica failure: {type(exc).__name__}") from exc
+        except Exception as exc:
+            raise stream_failure(exc) from exc
+        return self.checked(item)
+
+    def checked(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A replica output, counted; an error item or an aborting output raises its typed error."""
         error = item.get("error")
         if error is not None:
             if error["kind"] == "invalid_request":
@@ -250,6 +254,15 @@ class ActiveRequest:
             raise ReplicaFailure("the replica stopped before the request finished")
         self._on_tokens(item)
         return item
+
+    async def renew_lease(self) -> None:
+        """Keep a long stream's quota lease alive (``RENEW_EVERY_S``)."""
+        if self.lease is not None:
+            await self._quotas.renew(self.lease)
+
+    @property
+    def token_timeout_s(self) -> float:
+        return self._runner.timeouts.token_s
 
     def _on_tokens(self, item: dict[str, Any]) -> None:
         t = self.timing

@@ -17,11 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from cluster.serving.stream_frames import FrameError, read_frame
 
 log = logging.getLogger(__name__)
+# A pushed output is rendered and written to its client inside the frame's loop (~20-40 µs on the
+# CPU box): a 128-stream frame would hold the router's event loop for milliseconds at a time.
+YIELD_EVERY = 16
 
 
 class StreamReceiver:
@@ -30,7 +34,8 @@ class StreamReceiver:
     def __init__(self) -> None:
         self.key = secrets.token_hex(16)
         self.address = ""
-        self._queues: dict[str, asyncio.Queue] = {}
+        # Each open request's sink: its queue's put (pulled streams) or its push handler.
+        self._sinks: dict[str, Callable[[Any], None]] = {}
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
         self.frames = 0  # frames and outputs read: the benchmark's and the tests' view of batching
@@ -51,31 +56,38 @@ class StreamReceiver:
     def open(self, request_id: str, response: Any) -> ChannelStream:
         """The stream of request ``request_id`` (its engine id), answered by Serve call ``response``."""
         queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = queue
+        self._sinks[request_id] = queue.put_nowait
         return ChannelStream(self, request_id, queue, response)
+
+    def redirect(self, request_id: str, sink: Callable[[Any], None]) -> None:
+        """Send the request's further outputs to ``sink`` (when it is still open)."""
+        if request_id in self._sinks:
+            self._sinks[request_id] = sink
 
     def forget(self, request_id: str) -> None:
         """Outputs still arriving for the request are dropped (it ended, or a retry replaced it)."""
-        self._queues.pop(request_id, None)
+        self._sinks.pop(request_id, None)
 
     @property
     def open_streams(self) -> int:
-        return len(self._queues)
+        return len(self._sinks)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
         try:
             if await read_frame(reader) != self.key:
                 raise FrameError("wrong channel key")
-            queues = self._queues
+            sinks = self._sinks
             while True:
                 items = await read_frame(reader)
                 self.frames += 1
                 self.outputs += len(items)
-                for item in items:
-                    queue = queues.get(item["request_id"])
-                    if queue is not None:
-                        queue.put_nowait(item)
+                for taken, item in enumerate(items, 1):
+                    sink = sinks.get(item["request_id"])
+                    if sink is not None:
+                        sink(item)
+                    if taken % YIELD_EVERY == 0:  # pushed outputs are written here: let others run
+                        await asyncio.sleep(0)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             if isinstance(exc, FrameError):
                 log.warning("stream channel dropped: %s", exc)
@@ -98,7 +110,11 @@ class _Timeout:
 
 
 class ChannelStream:
-    """One request's outputs from the channel, ended by its Serve call's answer when that is an error."""
+    """One request's outputs from the channel, ended by its Serve call's answer when that is an error.
+
+    Pulled (``next``, ``__anext__``) from a queue, or pushed (``push``): each output then goes to a
+    callback right where the receiver reads its frame, with no queue, task wake or generator per
+    output. An error answer comes after the tokens written before it either way."""
 
     def __init__(
         self, receiver: StreamReceiver, request_id: str, queue: asyncio.Queue, response: Any
@@ -106,9 +122,12 @@ class ChannelStream:
         self._receiver = receiver
         self._request_id = request_id
         self._queue = queue
+        self._put: Callable[[Any], None] = queue.put_nowait
         self._response = response
         self._tokens = 0  # read so far: an error answer waits for the tokens written before it
         self._error: dict[str, Any] | None = None
+        self._on_item: Callable[[dict[str, Any]], None] | None = None
+        self._on_failure: Callable[[BaseException], None] | None = None
         self._watch = asyncio.get_running_loop().create_task(self._await_answer())
 
     async def _await_answer(self) -> None:
@@ -119,7 +138,7 @@ class ChannelStream:
         except asyncio.CancelledError:
             return
         except Exception as exc:  # the replica died, or Serve could not route: request_flow decides
-            self._queue.put_nowait(_Failed(exc))
+            self._put(_Failed(exc))
             return
         if isinstance(answer, dict) and "error" in answer:
             self._error = answer
@@ -127,8 +146,36 @@ class ChannelStream:
 
     def _release_error(self) -> None:
         if self._error is not None and self._tokens >= self._error.get("after_tokens", 0):
-            self._queue.put_nowait(self._error)
-            self._error = None
+            error, self._error = self._error, None
+            self._put(error)
+
+    def push(
+        self, on_item: Callable[[dict[str, Any]], None], on_failure: Callable[[BaseException], None]
+    ) -> None:
+        """From now on, hand each output to ``on_item`` as it arrives (outputs already queued
+        first), or the call's failure to ``on_failure``; nothing comes after the stream's end."""
+        self._on_item, self._on_failure = on_item, on_failure
+        self._put = self._pushed
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if type(item) is not _Timeout:
+                self._pushed(item)
+        self._receiver.redirect(self._request_id, self._pushed)
+
+    def _pushed(self, item: Any) -> None:
+        on_item, on_failure = self._on_item, self._on_failure
+        if on_item is None or on_failure is None:  # cancelled, or already ended
+            return
+        try:
+            taken = self._take(item)
+        except BaseException as exc:
+            self._on_item = self._on_failure = None
+            on_failure(exc)
+            return
+        if taken.get("done") or "error" in taken:
+            self._on_item = self._on_failure = None  # nothing after the end
+        on_item(taken)
+        self._release_error()
 
     def __aiter__(self) -> ChannelStream:
         return self
@@ -137,7 +184,7 @@ class ChannelStream:
         while True:
             item = await self._queue.get()
             if type(item) is not _Timeout:  # an earlier wait's marker is skipped
-                return self._take(item)
+                return self._taken(item)
 
     async def next(self, timeout_s: float) -> dict[str, Any]:
         """``__anext__`` within ``timeout_s`` (``TimeoutError``), without ``asyncio.wait_for``'s task
@@ -145,18 +192,23 @@ class ChannelStream:
         while not self._queue.empty():
             item = self._queue.get_nowait()
             if type(item) is not _Timeout:
-                return self._take(item)
+                return self._taken(item)
         marker = _Timeout()
         timer = asyncio.get_running_loop().call_later(timeout_s, self._queue.put_nowait, marker)
         try:
             while True:
                 item = await self._queue.get()
                 if type(item) is not _Timeout:
-                    return self._take(item)
+                    return self._taken(item)
                 if item is marker:
                     raise TimeoutError
         finally:
             timer.cancel()
+
+    def _taken(self, item: Any) -> dict[str, Any]:
+        taken = self._take(item)
+        self._release_error()
+        return taken
 
     def _take(self, item: Any) -> dict[str, Any]:
         if isinstance(item, _Failed):
@@ -166,11 +218,11 @@ class ChannelStream:
             self._receiver.forget(self._request_id)
         else:
             self._tokens += len(item["token_ids"])
-            self._release_error()
         return item
 
     def cancel(self) -> None:
         """Stop the request: Serve cancels the replica's call, which aborts the engine request."""
+        self._on_item = self._on_failure = None
         self._receiver.forget(self._request_id)
         self._response.cancel()
         self._watch.cancel()

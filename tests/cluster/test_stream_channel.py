@@ -1,19 +1,24 @@
 """The stream channel without Ray: replicas' outputs for many streams travel over one TCP connection
 per router in frames, and each request's tokens arrive in order, exactly once; a request whose client
 leaves is aborted on the replica and the others are untouched; a replica that fails before the first
-output is retried. The Serve call is a task here (``FakeCall``), the channel and receiver are real."""
+output is retried. The Serve call is a task here (``FakeCall``), the channel and receiver are real.
+Each of these holds for outputs pulled by the handler (``ActiveRequest.outputs``) and for outputs
+pushed to it by the receiver (``PushedOutputs``, the direct-ingress answer's path)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from cluster.errors import ReplicaFailure
+from cluster.errors import ReplicaFailure, ServiceUnavailable
 from cluster.routing.dispatcher import Dispatcher
+from cluster.routing.outcomes import ClientGone
+from cluster.routing.pushed_outputs import PushedOutputs
 from cluster.routing.request_flow import RequestRunner
 from cluster.routing.request_job import Job, Timeouts
 from cluster.routing.stream_receiver import StreamReceiver
@@ -97,7 +102,9 @@ async def _dead() -> dict:
     raise RuntimeError("ActorDiedError")
 
 
-def _runner(replicas: ChannelReplicas, receiver: StreamReceiver, room: int = 1000) -> RequestRunner:
+def _runner(
+    replicas: ChannelReplicas, receiver: StreamReceiver, room: int = 1000, token_s: float = 10.0
+) -> RequestRunner:
     config = TENANCY
     quotas = QuotaManager(config, MemoryQuotaStore())
     dispatcher = Dispatcher(FairQueue.from_config(config), room_per_replica=room)
@@ -107,7 +114,7 @@ def _runner(replicas: ChannelReplicas, receiver: StreamReceiver, room: int = 100
         replicas,
         ClusterMetrics(),
         TimingRecorder(),
-        Timeouts(10.0, 10.0, 2),  # type: ignore[arg-type]
+        Timeouts(10.0, token_s, 2),  # type: ignore[arg-type]
     )
     runner.attach_channel(receiver, 0.01)
     return runner
@@ -131,15 +138,35 @@ def _job(runner: RequestRunner, i: int, max_tokens: int, n: int = 1) -> Job:
     return Job(f"req-{i}", tenant, tenant.sla_class, [1, 2, 3], sampling, coalesce_s=0.05)
 
 
-async def _read(runner: RequestRunner, job: Job) -> list[dict]:
+MODES = ["pulled", "pushed"]
+
+
+async def _read(runner: RequestRunner, job: Job, mode: str = "pulled", got: list | None = None) -> list[dict]:
+    """Every output of ``job``, into ``got`` (kept when the stream raises)."""
+    got = [] if got is None else got
     active = await runner.open(job)
-    return [item async for item in active.outputs()]
+    if mode == "pulled":
+        async for item in active.outputs():
+            got.append(item)
+    else:
+        await PushedOutputs(active, got.append).run()
+    return got
 
 
-async def _leave_after(runner: RequestRunner, job: Job, count: int) -> list[dict]:
+async def _leave_after(runner: RequestRunner, job: Job, count: int, mode: str) -> list[dict]:
     """A client that reads ``count`` outputs, then goes."""
     active = await runner.open(job)
     got: list[dict] = []
+    if mode == "pushed":
+
+        def consume(item: dict) -> None:
+            if len(got) == count:
+                raise ClientGone  # what the response's writer raises for a closed connection
+            got.append(item)
+
+        with contextlib.suppress(ClientGone):
+            await PushedOutputs(active, consume).run()
+        return got
     stream = active.outputs()
     async for item in stream:
         got.append(item)
@@ -153,7 +180,8 @@ def _tokens(items: list[dict], index: int = 0) -> list[int]:
     return [t for item in items if item["index"] == index for t in item["token_ids"]]
 
 
-async def test_many_streams_get_every_token_in_order_exactly_once() -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_many_streams_get_every_token_in_order_exactly_once(mode: str) -> None:
     receiver = StreamReceiver()
     await receiver.start()
     replicas = ChannelReplicas(PacedOutputs(random.Random(7)))
@@ -161,7 +189,7 @@ async def test_many_streams_get_every_token_in_order_exactly_once() -> None:
     rng = random.Random(3)
     lengths = [rng.randint(1, 60) for _ in range(120)]
     jobs = [_job(runner, i, n) for i, n in enumerate(lengths)]
-    results = await asyncio.gather(*(_read(runner, job) for job in jobs))
+    results = await asyncio.gather(*(_read(runner, job, mode) for job in jobs))
     for n, items in zip(lengths, results, strict=True):
         assert _tokens(items) == list(range(n))  # in order, none lost, none twice
         assert items[-1]["done"] and not any(i["done"] for i in items[:-1])
@@ -172,12 +200,13 @@ async def test_many_streams_get_every_token_in_order_exactly_once() -> None:
     await receiver.stop()
 
 
-async def test_several_choices_end_with_the_output_that_ends_the_request() -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_several_choices_end_with_the_output_that_ends_the_request(mode: str) -> None:
     receiver = StreamReceiver()
     await receiver.start()
     replicas = ChannelReplicas(PacedOutputs(random.Random(11)))
     runner = _runner(replicas, receiver)
-    results = await asyncio.gather(*(_read(runner, _job(runner, i, 40, n=3)) for i in range(20)))
+    results = await asyncio.gather(*(_read(runner, _job(runner, i, 40, n=3), mode) for i in range(20)))
     for items in results:
         assert [_tokens(items, c) for c in range(3)] == [list(range(40))] * 3
         assert items[-1]["done"] and items[-1]["total_output_tokens"] == 120
@@ -185,15 +214,16 @@ async def test_several_choices_end_with_the_output_that_ends_the_request() -> No
     await receiver.stop()
 
 
-async def test_a_client_that_leaves_aborts_its_request_and_no_other() -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_client_that_leaves_aborts_its_request_and_no_other(mode: str) -> None:
     receiver = StreamReceiver()
     await receiver.start()
     paced = PacedOutputs(random.Random(5))
     replicas = ChannelReplicas(paced)
     runner = _runner(replicas, receiver)
 
-    leaving = asyncio.create_task(_leave_after(runner, _job(runner, 0, 400), 3))
-    staying = [asyncio.create_task(_read(runner, _job(runner, i, 80))) for i in range(1, 30)]
+    leaving = asyncio.create_task(_leave_after(runner, _job(runner, 0, 400), 3, mode))
+    staying = [asyncio.create_task(_read(runner, _job(runner, i, 80), mode)) for i in range(1, 30)]
     got = await leaving
     results = await asyncio.gather(*staying)
     await asyncio.sleep(0.05)  # the replica's coroutine sees its cancellation
@@ -220,7 +250,8 @@ async def test_a_replica_that_fails_before_the_first_output_is_retried() -> None
     await receiver.stop()
 
 
-async def test_an_error_answer_ends_the_stream_after_the_outputs_before_it() -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_error_answer_ends_the_stream_after_the_outputs_before_it(mode: str) -> None:
     receiver = StreamReceiver()
     await receiver.start()
 
@@ -231,11 +262,9 @@ async def test_an_error_answer_ends_the_stream_after_the_outputs_before_it() -> 
 
     replicas = ChannelReplicas(Failing(random.Random(0)))
     runner = _runner(replicas, receiver)
-    active = await runner.open(_job(runner, 4, 10))
-    got = []
+    got: list[dict] = []
     with pytest.raises(Exception) as caught:
-        async for item in active.outputs():
-            got.append(item)
+        await _read(runner, _job(runner, 4, 10), mode, got)
     assert _tokens(got) == [0, 1] and not isinstance(caught.value, ReplicaFailure)
     [record] = runner.recorder.records()
     assert record.outcome == "error" and record.reason == "engine_error"
@@ -310,3 +339,49 @@ async def test_a_router_that_stops_is_noticed_by_the_replica_at_once() -> None:
     again = channels.channel(receiver.address, receiver.key, 0.01)  # the next request: a fresh one
     assert again is not channel
     await channels.close()
+
+
+async def test_a_pushed_stream_whose_replica_stalls_times_out() -> None:
+    receiver = StreamReceiver()
+    await receiver.start()
+
+    class Stalling(PacedOutputs):
+        async def outputs(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
+            yield _output(args, 0, 0, 1, 1, False, 10)
+            yield _output(args, 0, 1, 1, 2, False, 10)
+            await asyncio.sleep(30)
+
+    replicas = ChannelReplicas(Stalling(random.Random(0)))
+    runner = _runner(replicas, receiver, token_s=0.3)
+    got: list[dict] = []
+    with pytest.raises(ServiceUnavailable) as caught:
+        await _read(runner, _job(runner, 5, 10), "pushed", got)
+    assert caught.value.code == "replica_timeout" and _tokens(got) == [0, 1]
+    [record] = runner.recorder.records()
+    assert record.outcome == "timeout" and record.output_tokens == 2
+    assert receiver.open_streams == 0 and runner.dispatcher.in_flight == 0
+    await replicas.channels.close()
+    await receiver.stop()
+
+
+async def test_a_replica_that_dies_mid_stream_ends_a_pushed_stream_after_its_outputs() -> None:
+    receiver = StreamReceiver()
+    await receiver.start()
+
+    class Dying(PacedOutputs):
+        async def outputs(self, args: GenerateArgs) -> AsyncIterator[dict[str, Any]]:
+            for i in range(3):
+                yield _output(args, 0, i, 1, i + 1, False, 10)
+            await asyncio.sleep(0.05)  # written before the call fails
+            raise RuntimeError("ActorDiedError")
+
+    replicas = ChannelReplicas(Dying(random.Random(0)))
+    runner = _runner(replicas, receiver)
+    got: list[dict] = []
+    with pytest.raises(ReplicaFailure):
+        await _read(runner, _job(runner, 6, 10), "pushed", got)
+    assert _tokens(got) == [0, 1, 2]
+    [record] = runner.recorder.records()
+    assert record.outcome == "error" and record.output_tokens == 3
+    await replicas.channels.close()
+    await receiver.stop()
