@@ -155,6 +155,7 @@ def summarize(
         "router_gc": [s.get("gc") for s in states],  # each router's collector pauses in the window
         "router_gc_pacer": [s.get("gc_pacer") for s in states],
         "stream_channel": states[0].get("stream_channel"),
+        "stream_paths": [s.get("stream_paths") for s in states],  # pushed or pulled, warm-ups included
         "direct_dispatch_sent": [s.get("direct_dispatch") for s in states],  # warm-ups included
     }  # fmt: skip
 

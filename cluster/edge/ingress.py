@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 
 from cluster.config import AppConfig
 from cluster.drain import RouterDrain
-from cluster.edge import api_docs, ledger_views
+from cluster.edge import api_docs, ledger_views, stream_responses
 from cluster.edge.answers import answer
 from cluster.edge.body_limit import BodyLimit
 from cluster.edge.model_jobs import job_builders
@@ -353,5 +353,6 @@ class Ingress:
             "loop_thread": threading.current_thread().name,  # Serve's own, or its user-code thread
             "loop_holds": self.loop_holds.snapshot() if self.cfg.loop_holds else None,
             "stream_channel": {"frames": self.channel.frames, "outputs": self.channel.outputs},
+            "stream_paths": dict(stream_responses.STREAM_PATHS),  # by module: the class ships by value
             "direct_dispatch": self.core.direct_sent(),
         }

@@ -11,6 +11,7 @@ through ``send``. The bytes on the wire are the pulled path's.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,10 @@ from cluster.edge.responses import SseRenderer, rendered, sse
 from cluster.errors import classify, error_body
 from cluster.routing.outcomes import ClientGone
 from cluster.routing.pushed_outputs import PushedOutputs, can_push
+
+# Streamed answers of this process by path ("pushed", "pulled", "through"): the router's state
+# shows them, so a benchmark can tell which path its streams took.
+STREAM_PATHS: Counter[str] = Counter()
 
 
 async def guarded(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -63,6 +68,7 @@ class SseResponse(Response):
     async def __call__(self, scope, receive, send) -> None:
         cycle = find_server_cycle(send) if can_push(self._active) else None
         if cycle is None:
+            STREAM_PATHS["pulled"] += 1
             pulled = ClosingStreamingResponse(
                 guarded(rendered(self._renderer, self._active.outputs())),
                 self._client_gone,
@@ -74,6 +80,7 @@ class SseResponse(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             writer = client_writer(cycle)
+            STREAM_PATHS["pushed" if writer is not None else "through"] += 1
             last = await (self._pushed(writer) if writer is not None else self._through(send))
             if writer is not None:
                 await writer.close()
