@@ -10,6 +10,7 @@ direct-ingress router's 30 s minimum drain does not hold up the exit of a Ray we
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -124,6 +125,22 @@ def test_the_router_answers_on_its_own_port(served: tuple[subprocess.Popen[bytes
         timeout=60,
     )
     assert proxied.status_code == 200 and proxied.json()["choices"][0]["message"]["content"] == answer
+
+    # Streamed through the proxy: the same text. The router's own port pushed its stream's outputs
+    # straight to the client's socket; the proxy's went through Serve's ASGI messages.
+    with httpx.stream(
+        "POST",
+        f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+        json={"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 0, "stream": True},
+        headers={"Authorization": f"Bearer {DEMO_KEYS['alice']}"},
+        timeout=60,
+    ) as proxied_stream:
+        lines = [line[6:] for line in proxied_stream.iter_lines() if line.startswith("data: ")]
+    pieces = [json.loads(line)["choices"] for line in lines[:-1]]
+    assert lines[-1] == "[DONE]"
+    assert "".join(p[0]["delta"].get("content") or "" for p in pieces if p) == answer
+    state = httpx.get(f"{url}/admin/state", headers=admin, timeout=10).json()
+    assert state["stream_paths"] == {"pushed": 1, "pulled": 1}
 
     # SIGTERM: drained (nothing in flight) and gone, Ray with it.
     signalled = time.monotonic()
