@@ -153,7 +153,7 @@ async def _read(runner: RequestRunner, job: Job, mode: str = "pulled", got: list
     return got
 
 
-async def _leave_after(runner: RequestRunner, job: Job, count: int, mode: str) -> list[dict]:
+async def _leave_after(runner: RequestRunner, job: Job, count: int, mode: str = "pulled") -> list[dict]:
     """A client that reads ``count`` outputs, then goes."""
     active = await runner.open(job)
     got: list[dict] = []
