@@ -23,8 +23,8 @@ from cluster.errors import classify, error_body
 from cluster.routing.outcomes import ClientGone
 from cluster.routing.pushed_outputs import PushedOutputs, can_push
 
-# Streamed answers of this process by path ("pushed", "pulled", "through"): the router's state
-# shows them, so a benchmark can tell which path its streams took.
+# Streamed answers of this process by path ("pushed", "pulled", or "gone" before the headers): the
+# router's state shows them, so a benchmark can tell which path its streams took.
 STREAM_PATHS: Counter[str] = Counter()
 
 
@@ -80,9 +80,12 @@ class SseResponse(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             writer = client_writer(cycle)
-            STREAM_PATHS["pushed" if writer is not None else "through"] += 1
-            last = await (self._pushed(writer) if writer is not None else self._through(send))
+            # None only for a client that left before the headers (the body has no length, so
+            # uvicorn frames it in chunks): the request ends below, as client_gone.
+            STREAM_PATHS["pushed" if writer is not None else "gone"] += 1
+            last = b""
             if writer is not None:
+                last = await self._pushed(writer)
                 await writer.close()
             await send({"type": "http.response.body", "body": last, "more_body": False})
         finally:
@@ -107,9 +110,3 @@ class SseResponse(Response):
         except Exception as exc:
             return sse(error_body(classify(exc)))
         return renderer.tail()
-
-    async def _through(self, send: Callable) -> bytes:
-        """Every piece through ``send`` (a server whose body framing is not chunked)."""
-        async for piece in guarded(rendered(self._renderer, self._active.outputs())):
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-        return b""

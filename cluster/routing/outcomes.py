@@ -27,6 +27,11 @@ def outcome_of(exc: BaseException) -> tuple[Outcome, str | None]:
     return "error", type(exc).__name__
 
 
+def replica_timeout() -> ServiceUnavailable:
+    """No output within the token timeout (pulled and pushed streams alike)."""
+    return ServiceUnavailable("the replica did not answer in time", code="replica_timeout")
+
+
 def stream_failure(exc: Exception) -> BaseException:
     """What a failed replica stream raises: typed errors as they are, anything else (the replica
     died, or Serve could not route) as a failure the client may retry."""

@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cluster.errors import ServiceUnavailable
-from cluster.routing.outcomes import outcome_of, stream_failure
+from cluster.routing.outcomes import outcome_of, replica_timeout, stream_failure
 from cluster.routing.request_flow import RENEW_EVERY_S, ActiveRequest
 from cluster.routing.stream_receiver import ChannelStream
 
@@ -71,9 +70,9 @@ class PushedOutputs:
         if item["done"]:
             self._ended.set_result(item["finish_reason"])
 
-    def _on_failure(self, exc: BaseException) -> None:
+    def _on_failure(self, exc: Exception) -> None:
         if not self._ended.done():
-            self._ended.set_exception(stream_failure(exc) if isinstance(exc, Exception) else exc)
+            self._ended.set_exception(stream_failure(exc))
 
     async def _until_end(self) -> None:
         """Sleep until the last output; wake only to enforce the token timeout and renew the lease."""
@@ -88,7 +87,7 @@ class PushedOutputs:
                 return
             now = time.monotonic()
             if now - self._last_output >= timeout_s:
-                raise ServiceUnavailable("the replica did not answer in time", code="replica_timeout")
+                raise replica_timeout()
             if now - last_renew >= RENEW_EVERY_S:
                 last_renew = now
                 await self._active.renew_lease()

@@ -22,7 +22,7 @@ from cluster.errors import BadRequest, ClusterError, ReplicaFailure, ServiceUnav
 from cluster.routing import request_ends
 from cluster.routing.direct_dispatch import DirectDispatch
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
-from cluster.routing.outcomes import outcome_of, stream_failure
+from cluster.routing.outcomes import outcome_of, replica_timeout, stream_failure
 from cluster.routing.request_job import Job, Timeouts
 from cluster.routing.stream_receiver import ChannelStream, StreamReceiver
 from cluster.serving.wire import GenerateArgs
@@ -232,7 +232,7 @@ class ActiveRequest:
                 async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can swallow a cancel
                     item = await self.stream.__anext__()
         except TimeoutError:
-            raise ServiceUnavailable("the replica did not answer in time", code="replica_timeout") from None
+            raise replica_timeout() from None
         except StopAsyncIteration:
             raise ReplicaFailure("the replica ended the stream early") from None
         except ClusterError:

@@ -126,7 +126,7 @@ class ChannelStream:
         self._tokens = 0  # read so far: an error answer waits for the tokens written before it
         self._error: dict[str, Any] | None = None
         self._on_item: Callable[[dict[str, Any]], None] | None = None
-        self._on_failure: Callable[[BaseException], None] | None = None
+        self._on_failure: Callable[[Exception], None] | None = None
         self._watch = asyncio.get_running_loop().create_task(self._await_answer())
 
     async def _await_answer(self) -> None:
@@ -149,7 +149,7 @@ class ChannelStream:
             self._put(error)
 
     def push(
-        self, on_item: Callable[[dict[str, Any]], None], on_failure: Callable[[BaseException], None]
+        self, on_item: Callable[[dict[str, Any]], None], on_failure: Callable[[Exception], None]
     ) -> None:
         """From now on, hand each output to ``on_item`` as it arrives (outputs already queued
         first), or the call's failure to ``on_failure``; nothing comes after the stream's end."""
@@ -163,11 +163,11 @@ class ChannelStream:
 
     def _pushed(self, item: Any) -> None:
         on_item, on_failure = self._on_item, self._on_failure
-        if on_item is None or on_failure is None:  # cancelled, or already ended
+        if on_item is None or on_failure is None:  # cancelled, or already ended (set together)
             return
         try:
             taken = self._take(item)
-        except BaseException as exc:
+        except Exception as exc:  # the Serve call failed (``_Failed`` holds an Exception)
             self._on_item = self._on_failure = None
             on_failure(exc)
             return
