@@ -41,8 +41,8 @@ class EngineSettings(_Frozen):
         default="smollm2-135m", description="Preset name or local Hugging Face model directory."
     )
     device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu' or 'cuda'.")
-    mode: Literal["async", "sync"] = Field(
-        default="async", description="Engine step loop: overlapped or not."
+    mode: Literal["auto", "async", "sync"] = Field(
+        default="auto", description="Engine step loop: async (overlapped), sync, or auto (async on CUDA)."
     )
     random_weights: bool = Field(
         default=False, description="Random weights of the preset's shape (benchmarks)."

@@ -7,7 +7,7 @@ from typing import Literal
 
 from replica.errors import InvalidRequestError
 
-EngineMode = Literal["async", "sync"]
+EngineMode = Literal["auto", "async", "sync"]
 
 
 @dataclass(frozen=True)
@@ -16,14 +16,16 @@ class EngineConfig:
 
     model: a preset name (see `replica.presets`) or a local Hugging Face model directory.
     mode: "async" builds step N+1 before reading step N's tokens back; "sync" reads back after every
-    step (the baseline the benchmarks compare against).
+    step (the baseline the benchmarks compare against); "auto": async on CUDA, sync on the CPU. On
+    the CPU a step's forward runs inside its launch, so async overlaps nothing there and only hands
+    every step's tokens out one step later (SmolLM2 on a 2-core box: the engine's TTFT 0.23 → 0.13 s).
     """
 
     model: str = "smollm2-135m"
     device: str = "auto"  # "cpu", "cuda", "cuda:1" or "auto" (cuda when available)
     dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on CUDA
     random_weights: bool = False
-    mode: EngineMode = "async"
+    mode: EngineMode = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: from kv_cache_tokens (CPU) or free memory (CUDA)
     kv_cache_tokens: int = 32768  # CPU cache size when num_kv_blocks is None
@@ -85,8 +87,8 @@ class EngineConfig:
     late_launch_margin_ms: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.mode not in ("async", "sync"):
-            raise InvalidRequestError(f"mode must be 'async' or 'sync', got {self.mode!r}")
+        if self.mode not in ("auto", "async", "sync"):
+            raise InvalidRequestError(f"mode must be 'auto', 'async' or 'sync', got {self.mode!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InvalidRequestError(f"unknown dtype {self.dtype!r}")
         positive = {

@@ -28,7 +28,7 @@ from replica.block_manager import BlockManager
 from replica.cache_summary import CacheSummary, build_summary
 from replica.config import EngineConfig
 from replica.detokenizer import IncrementalDetokenizer
-from replica.device_choice import pick_device, pick_dtype
+from replica.device_choice import pick_device, pick_dtype, resolve_mode
 from replica.engine_core import EngineCore, _Abort, _Add, _Hold
 from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError
 from replica.generation_defaults import GenerationDefaults
@@ -52,6 +52,7 @@ class Engine:
         self.config = config
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
+        self.mode = resolve_mode(config.mode, self.device)
         self.loaded: LoadedModel | None = None
         self.core: EngineCore | None = None
         self.max_model_len = 0
@@ -107,7 +108,7 @@ class Engine:
         )
         late_wanted = cfg.late_launch if cfg.late_launch is not None else self.device.type == "cuda"
         late = LateLaunch(cfg.late_launch_margin_ms) if late_wanted else None
-        return EngineCore(runner, scheduler, set(self.eos_token_ids), cfg.mode, cfg.profile_history, late)
+        return EngineCore(runner, scheduler, set(self.eos_token_ids), self.mode, cfg.profile_history, late)
 
     def _default_num_blocks(self) -> int:
         cfg = self.config
@@ -306,7 +307,7 @@ class Engine:
 
     # ---- observability -----------------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        return self.core.stats if self.core else EngineStats(mode=self.config.mode)
+        return self.core.stats if self.core else EngineStats(mode=self.mode)
 
     def profile_summary(self) -> dict:
         return self.core.profiler.summary() if self.core else {}

@@ -50,7 +50,7 @@ def cluster_spec(app: dict, step_model: str, overheads: Overheads | None = None)
         max_num_batched_tokens=engine.get("max_num_batched_tokens", 512),
         replica_room=app.get("replica_room", 8),
         queue_timeout_s=app.get("queue_timeout_s", 60.0),
-        join_lag_steps=1 if engine.get("mode", "async") == "async" else 0,
+        join_lag_steps=0 if engine.get("mode") == "sync" else 1,  # the simulator models CUDA: auto is async
         dispatch_latency_s=overheads.dispatch_s if overheads else 0.0,
         client_latency_s=overheads.client_s if overheads else 0.0,
     )

@@ -67,7 +67,7 @@ async def engine():
     """One running SmolLM2 engine (async mode) shared by a test module."""
     from replica import Engine, EngineConfig
 
-    eng = Engine(EngineConfig(model="smollm2-135m", device="cpu", max_num_batched_tokens=256))
+    eng = Engine(EngineConfig(model="smollm2-135m", device="cpu", mode="async", max_num_batched_tokens=256))
     await eng.start()
     yield eng
     await eng.stop()

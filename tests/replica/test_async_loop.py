@@ -67,8 +67,22 @@ async def test_async_launches_next_step_before_reading_previous():
     assert all(len(o) == 12 for o in outputs)
 
 
+async def test_auto_mode_reads_each_step_back_at_once_on_the_cpu():
+    """On the CPU a step computes inside its launch: "auto" (the default) reads it back before the
+    next launch, so a token reaches its stream a step sooner than in async mode."""
+    assert EngineConfig().mode == "auto"
+    trace, outputs = await _traced_run("auto")
+    order = [(k, s) for k, s, _ in trace]
+    assert order[0::2] == [("launch", s) for _, s in order[0::2]]
+    assert order[1::2] == [("wait", s) for _, s in order[0::2]]
+    assert not any(p for _, _, p in trace)  # nothing carried: every token was on the host in time
+    assert all(len(o) == 12 for o in outputs)
+
+
 async def test_hold_admits_without_stepping_and_release_starts_one_batch():
-    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", max_num_batched_tokens=512))
+    engine = Engine(
+        EngineConfig(model="smollm2-135m", device="cpu", mode="async", max_num_batched_tokens=512)
+    )
     await engine.start()
     first_steps: list[int] = []
     launch = engine.core.runner.launch

@@ -101,7 +101,7 @@ async def _run(engine: Engine, prompt: str, request_id: str) -> int:
 
 async def _steps_to_join(late: bool) -> tuple[int, list[float]]:
     """How many steps after the one running at its arrival a new request is first scheduled in."""
-    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", late_launch=late))
+    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", mode="async", late_launch=late))
     await engine.start()
     device = PretendDevice(engine)
     run = functools.partial(_run, engine)
@@ -137,7 +137,9 @@ async def test_an_arrival_waits_a_step_more_when_planned_early():
 async def test_no_wait_while_top_tier_work_waits_in_the_engine():
     """One row: the second request waits (first tier) while the first runs, and the loop plans
     every step at once meanwhile; alone, it is held for arrivals again."""
-    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", late_launch=True, max_num_seqs=1))
+    engine = Engine(
+        EngineConfig(model="smollm2-135m", device="cpu", mode="async", late_launch=True, max_num_seqs=1)
+    )
     await engine.start()
     device = PretendDevice(engine)
     try:

@@ -28,7 +28,7 @@ async def _run(
 
 
 def _engine(**kwargs) -> Engine:
-    return Engine(EngineConfig(model="smollm2-135m", device="cpu", **kwargs))
+    return Engine(EngineConfig(model="smollm2-135m", device="cpu", **{"mode": "async"} | kwargs))
 
 
 @pytest.fixture(scope="module")

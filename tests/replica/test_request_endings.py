@@ -14,7 +14,9 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
 async def _fresh_engine() -> Engine:
-    engine = Engine(EngineConfig(model="smollm2-135m", device="cpu", max_num_batched_tokens=256))
+    engine = Engine(
+        EngineConfig(model="smollm2-135m", device="cpu", mode="async", max_num_batched_tokens=256)
+    )
     await engine.start()
     return engine
 

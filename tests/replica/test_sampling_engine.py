@@ -18,7 +18,9 @@ PROMPT_TEXT = "Write a short poem about the sea."
 async def small_cache_engine():
     """An engine whose cache holds a fraction of what concurrent requests need: it preempts."""
     eng = Engine(
-        EngineConfig(model="smollm2-135m", device="cpu", num_kv_blocks=25, max_num_batched_tokens=64)
+        EngineConfig(
+            model="smollm2-135m", device="cpu", mode="async", num_kv_blocks=25, max_num_batched_tokens=64
+        )
     )
     await eng.start()
     yield eng

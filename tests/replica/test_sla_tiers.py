@@ -79,7 +79,9 @@ async def _saturate_then_send(priority: int) -> tuple[int, list[tuple[int, str]]
     """Four batch requests fill a 4-row replica; then one request of `priority` arrives. Returns the
     steps planned between its admission to the engine and its first prefill, every batch request's
     (tokens, finish reason), and the preemptions."""
-    config = EngineConfig(model="smollm2-135m", device="cpu", max_num_seqs=4, max_num_batched_tokens=256)
+    config = EngineConfig(
+        model="smollm2-135m", device="cpu", mode="async", max_num_seqs=4, max_num_batched_tokens=256
+    )
     engine = Engine(config)
     await engine.start()
     scheduler = engine.core.scheduler
