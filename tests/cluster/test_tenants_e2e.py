@@ -140,9 +140,10 @@ def test_noisy_tenant_backlog_does_not_delay_the_quiet_tenant(base_url: str) -> 
 
     What fair share controls is asserted exactly: alice's requests wait in the fair queue about
     nothing while carol's wait there, and her TTFT stays within 2x of solo (a queue behind carol's
-    backlog would be seconds). Her TTFT p99 under load is about 1.4-1.6x solo on this 2-core box:
-    the CPU engine step that is running when her request lands is a third to a half of her solo
-    TTFT, so a tighter end-to-end bound would test the box, not the router. The 1.5x target
+    backlog would be seconds). Her TTFT p99 under load is about 1.4-1.7x solo on this 2-core box:
+    the CPU engine step that is running when her request lands is about half of her solo TTFT, so a
+    tighter end-to-end bound would test the box, not the router. (While the CPU engine ran the async
+    loop, which hands each step's tokens out a step late, CI saw 2.07x once.) The 1.5x target
     itself is a benchmark figure (`fairlane loadtest noisy-neighbour`, docs/bench/HISTORY.md).
     """
     prompts = [f"Name a fruit that starts with the letter {c}." for c in "ABCDEFGHIJKLMNOP"]
