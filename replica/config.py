@@ -18,7 +18,8 @@ class EngineConfig:
     mode: "async" builds step N+1 before reading step N's tokens back; "sync" reads back after every
     step (the baseline the benchmarks compare against); "auto": async on CUDA, sync on the CPU. On
     the CPU a step's forward runs inside its launch, so async overlaps nothing there and only hands
-    every step's tokens out one step later (SmolLM2 on a 2-core box: the engine's TTFT 0.23 → 0.13 s).
+    every step's tokens out one step later (SmolLM2 behind the cluster on a 2-core box: the engine's
+    TTFT for a short chat 227 → 126-187 ms, docs/bench/HISTORY.md).
     """
 
     model: str = "smollm2-135m"

@@ -25,8 +25,8 @@ from cluster.telemetry.request_timing import TimingRecorder
 log = logging.getLogger(__name__)
 PROFILE_EVERY = 5  # polls between profile calls (the summary sorts the step history)
 STALE_POLLS = 40  # a replica's load unseen for this many polls is dropped (each poll asks one replica)
-# Polls between calls to the Serve controller's status while this process's request router knows
-# the live replicas (their count is then the set's size). A status call pickles the app's whole
+# Polls between calls to the Serve controller's status while this process's request router routes
+# to some replicas (their count is then the set's size). A status call pickles the app's whole
 # state in this process: about 4% of a streaming router's samples when made every poll. Routers
 # that start or stop reach the share of the room within STATUS_EVERY polls.
 STATUS_EVERY = 5
@@ -75,9 +75,9 @@ class ReplicaMonitor:
     async def poll_once(self, profile: bool = False) -> None:
         live = live_replicas(self._handle.app_name, self._handle.deployment_name)
         count = routers = None
-        if live is None or self._polls % STATUS_EVERY == 0:
+        if not live or self._polls % STATUS_EVERY == 0:  # unknown, or empty: stopping or starting
             count, routers = await self._controller_counts()
-        elif live:  # between status calls the routed-to set is the count (Serve pushes its changes)
+        else:  # between status calls the routed-to set is the count (Serve pushes its changes)
             count = len(live)
         self._polls += 1
         if count is not None:

@@ -37,13 +37,21 @@ def _monitor(counts: list[tuple[int, int]]) -> tuple[ReplicaMonitor, Dispatcher,
     return monitor, dispatcher, calls
 
 
-async def test_the_controller_is_asked_every_poll_while_the_routed_set_is_unknown() -> None:
+async def test_the_controller_is_asked_every_poll_while_the_routed_set_is_unknown_or_empty() -> None:
     live_replicas._LIVE.pop((APP, DEPLOYMENT), None)
-    monitor, dispatcher, calls = _monitor([(3, 2)])
-    for _ in range(4):
+    counts = [(3, 2)]
+    monitor, dispatcher, calls = _monitor(counts)
+    try:
+        for _ in range(4):
+            await monitor.poll_once()
+        assert len(calls) == 4
+        assert monitor.replicas == 3 and dispatcher.capacity == 3  # 2 slots x 3 replicas / 2 routers
+        live_replicas.publish(APP, DEPLOYMENT, frozenset())  # every replica stopping
+        counts.append((0, 2))
         await monitor.poll_once()
-    assert len(calls) == 4
-    assert monitor.replicas == 3 and dispatcher.capacity == 3  # 2 slots x 3 replicas / 2 routers
+        assert len(calls) == 5 and monitor.replicas == 0
+    finally:
+        live_replicas._LIVE.pop((APP, DEPLOYMENT), None)
 
 
 async def test_between_status_calls_the_routed_set_sets_the_count() -> None:
