@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -209,6 +210,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--py-spy", type=Path, default=None, help="Profile the router into this folder.")
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE: an AppConfig override.")
     args = p.parse_args()
+    if args.py_spy is not None and shutil.which("py-spy") is None:  # before the cluster starts, not after
+        p.error("--py-spy: no py-spy on PATH (the device's packed Python needs it packed too)")
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
