@@ -29,6 +29,7 @@ from loadtest.sim.replay import Replay, replay_trace
 from loadtest.sim.simulation import simulate
 from loadtest.sim.spec import ClusterSpec, PolicySpec
 from loadtest.sim.step_model import StepModel, load_step_model
+from replica.device_choice import pick_device, resolve_mode
 from tenancy import TenancyConfig, default_tenancy_config, load_tenancy_config
 
 # What the cluster runs: quotas, the tiered fair queue, reserved room, Serve's replica ranking.
@@ -50,10 +51,15 @@ def cluster_spec(app: dict, step_model: str, overheads: Overheads | None = None)
         max_num_batched_tokens=engine.get("max_num_batched_tokens", 512),
         replica_room=app.get("replica_room", 8),
         queue_timeout_s=app.get("queue_timeout_s", 60.0),
-        join_lag_steps=0 if engine.get("mode") == "sync" else 1,  # the simulator models CUDA: auto is async
+        join_lag_steps=1 if engine_mode(engine) == "async" else 0,
         dispatch_latency_s=overheads.dispatch_s if overheads else 0.0,
         client_latency_s=overheads.client_s if overheads else 0.0,
     )
+
+
+def engine_mode(engine: dict) -> str:
+    """The loop mode the cluster's engine ran, resolved as the engine resolves "auto" (sync on the CPU)."""
+    return resolve_mode(engine.get("mode", "auto"), pick_device(engine.get("device", "auto")))
 
 
 def tenancy_of(app: dict) -> TenancyConfig:
