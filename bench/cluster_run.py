@@ -58,6 +58,7 @@ from bench.cluster_steps import (
     with_replicas,
 )
 from bench.cluster_table import bench_table
+from cluster.config import load_app_config
 from loadtest.capacity import offered_output_tps, run_sweep
 from loadtest.run_dir import write_run
 from loadtest.runner import run_scenario
@@ -94,7 +95,7 @@ class Bench:
     def run(self) -> None:
         p = self.plan
         cfg = effective_config(p.config, self.work)
-        model = yaml.safe_load(cfg.read_text())["served_model_name"]
+        model = load_app_config(cfg).served_model_name
         self.results["title"] = f"{p.config.name}, model {model}, replicas {','.join(map(str, p.replicas))}"
         self.results["app_config"] = yaml.safe_load(cfg.read_text())
         self.results["capacity_by_replicas"] = {}

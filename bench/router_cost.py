@@ -110,9 +110,10 @@ def bench_config(args: argparse.Namespace) -> AppConfig:
     """The GPU benchmark's app config, on this machine: CPU, a free port, the room for the load."""
     base = load_app_config(BASE_CONFIG)
     tenancy = Path(__file__).resolve().parents[1] / str(base.tenancy_config)
-    engine = base.engine.model_dump() | {"device": "cpu"}
+    room = max(args.concurrency, base.replica_room or 0)
+    engine = base.engine.model_dump() | {"device": "cpu", "max_num_seqs": room}  # the stand-in's slots
     overrides = {"engine": engine, "replica_num_gpus": 0, "replica_num_cpus": 0, "port": free_port()}
-    overrides |= {"tenancy_config": str(tenancy), "replica_room": max(args.concurrency, base.replica_room)}
+    overrides |= {"tenancy_config": str(tenancy), "replica_room": room}
     settings = dict(app_setting(s) for s in args.set)
     return AppConfig.model_validate(with_overrides(base.model_dump() | overrides, settings))
 

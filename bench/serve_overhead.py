@@ -94,7 +94,12 @@ def run(args: argparse.Namespace) -> dict:
     engine = asyncio.run(_engine_side(args))
     cfg = AppConfig.model_validate(
         {
-            "engine": {"model": args.model, "device": args.device, "kv_cache_tokens": args.kv_tokens},
+            "engine": {
+                "model": args.model,
+                "device": args.device,
+                "kv_cache_tokens": args.kv_tokens,
+                "max_num_seqs": args.concurrency,  # every request in one batch, as the engine side runs
+            },
             "replica_room": args.concurrency,
             "port": free_port(),
             "served_model_name": args.model,

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.model_settings import (
+    ROOM_NOTE,
     TOOL_CALL_PARSER_NOTE,
     AutoscalingSettings,
     EngineSettings,
@@ -60,11 +61,7 @@ class AppSettings(_Frozen):
         default=None, description="Shared quota store; None = in-memory per router."
     )
     redis_prefix: str = Field(default="fairlane", min_length=1, description="Key prefix in Redis.")
-    replica_room: int = Field(
-        default=8,
-        ge=1,
-        description="Requests in flight per replica at most; the rest wait in the fair queue.",
-    )
+    replica_room: int | None = Field(default=None, ge=1, description=ROOM_NOTE)
     tool_call_parser: ToolCallParser = Field(default="auto", description=TOOL_CALL_PARSER_NOTE)
     replica_choice: Literal["load", "prefix"] = Field(
         default="prefix",
@@ -102,8 +99,9 @@ class AppSettings(_Frozen):
         description=(
             "A router's budget of streamed items per second over all its open streams (0: none). "
             "With N streams open, a new stream's items leave at most every max(stream_interval_s, "
-            "N / budget) seconds (1 s at most), so the router's per-item CPU stays bounded as "
-            "replicas and streams are added; each stream's tokens all arrive, in larger items."
+            "N / budget) seconds (1 s at most; on the stream channel min(stream_flush_s, N / budget)), "
+            "so the router's per-item CPU stays bounded as replicas and streams are added; each "
+            "stream's tokens all arrive, in larger items."
         ),
     )
     stream_channel: bool = Field(
@@ -111,8 +109,8 @@ class AppSettings(_Frozen):
         description=(
             "Streamed outputs travel on a channel per router and replica (one TCP connection from the "
             "replica to a port the router opens on its node): one frame per flush carries every open "
-            "stream's new tokens, instead of one Serve stream item per request. stream_interval_s and "
-            "stream_items_per_s then do not apply; stream_flush_s does. False: one Serve stream per request."
+            "stream's new tokens, instead of one Serve stream item per request. stream_interval_s does not "
+            "apply; stream_items_per_s and stream_flush_s do. False: one Serve stream per request."
         ),
     )
     stream_flush_s: float = Field(
@@ -120,8 +118,11 @@ class AppSettings(_Frozen):
         gt=0,
         le=0.02,
         description=(
-            "With stream_channel, a replica writes each router's frame at most this often (the first "
-            "and the last output of a request at once): each token waits at most one flush."
+            "With stream_channel, the longest a replica holds a stream's outputs before it writes them "
+            "to the router (the first and the last output of a request leave at once). The hold follows "
+            "the router's item budget: none while stream_items_per_s covers an item per open stream "
+            "and engine step (each token leaves as it is made), then open streams / stream_items_per_s, "
+            "up to this ceiling."
         ),
     )
     direct_dispatch: bool = Field(
@@ -267,7 +268,8 @@ class AppSettings(_Frozen):
     host: str = Field(default="127.0.0.1", description="HTTP host of the Serve proxy.")
     port: int = Field(default=8000, gt=0, lt=65536, description="HTTP port of the Serve proxy.")
     served_model_name: str = Field(
-        default="smollm2-135m",
+        default=None,  # type: ignore[assignment]  # resolved by AppConfig: never None after validation
         min_length=1,
-        description="Model name in the API of the one-model form; with `models`, the first entry's name.",
+        description="Model name in the API of the one-model form; unset: engine.model's own name (the "
+        "preset's, or the checkpoint directory's). With `models`, the first entry's name.",
     )

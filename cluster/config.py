@@ -10,12 +10,15 @@ from pydantic import model_validator
 
 from cluster.app_settings import AppSettings
 from cluster.model_settings import (
+    DEFAULT_MODEL,
     AutoscalingSettings,
     EngineSettings,
     ModelSettings,
+    check_room,
     check_unique,
     deployment_names,
     inherit_entries,
+    model_name_of,
 )
 
 # The longest answer a replica may be asked for when ``engine.max_model_len`` is None: the engine's
@@ -33,6 +36,8 @@ class AppConfig(AppSettings):
     @model_validator(mode="before")
     @classmethod
     def _complete_models(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("models") and data.get("served_model_name") is None:
+            data = {**data, "served_model_name": model_name_of(_engine_model(data.get("engine")))}
         if not isinstance(data, dict) or not data.get("models"):
             return data
         data = inherit_entries(data)
@@ -42,6 +47,11 @@ class AppConfig(AppSettings):
         if data["served_model_name"] not in names:
             raise ValueError(f"served_model_name: {data['served_model_name']!r} is not one of the models")
         return data
+
+    @model_validator(mode="after")
+    def _room_fits(self) -> AppConfig:
+        check_room(self.replica_room, self.engine.max_num_seqs)
+        return self
 
     @model_validator(mode="after")
     def _unique_models(self) -> AppConfig:
@@ -119,11 +129,11 @@ class AppConfig(AppSettings):
         longest = max(m.engine.max_model_len or ENGINE_CONTEXT_CAP for m in self.served_models)
         return self.first_token_timeout_s + longest / SLOWEST_DECODE_TOKENS_PER_S
 
-    @property
-    def replica_max_ongoing(self) -> int:
-        # Headroom over the room: the requests the routers send past it for a higher tier
-        # (cluster/routing/dispatcher.py, displacing dispatch), and cheap control calls (load, profile).
-        return self.replica_room + max(1, self.replica_room // 4) + 8
+
+def _engine_model(engine: Any) -> str:
+    """The model an (unvalidated) engine setting names: the default preset when it names none."""
+    model = engine.get("model") if isinstance(engine, dict) else getattr(engine, "model", None)
+    return model if isinstance(model, str) else DEFAULT_MODEL
 
 
 def load_app_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> AppConfig:

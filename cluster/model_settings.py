@@ -9,8 +9,10 @@ and a config dumped and validated again (the routers get it so) resolves to the 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import PurePath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,6 +24,17 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$"
 FIRST_DEPLOYMENT = "Replica"
 # Top-level fields a `models` entry takes when it does not give its own.
 INHERITED = ("replica_num_cpus", "replica_num_gpus", "replica_room", "tool_call_parser")
+DEFAULT_MODEL = "smollm2-135m"  # EngineSettings.model's default (replica.presets.DEFAULT_MODEL)
+# The most slots an engine chooses by itself (replica/engine_sizes.py's CUDA_MAX_SEQS; not imported:
+# replica/ loads torch, which routers never do). It bounds Serve's ongoing requests per replica while
+# the room follows the replicas' reports.
+AUTO_MAX_SEQS = 128
+PROVISIONAL_ROOM = 8  # a CPU engine's own slots: the room until the first replica reports its own
+ROOM_NOTE = (
+    "Requests in flight per replica at most; the rest wait in the router's fair queue. None: the "
+    "engine's slots (max_num_seqs), as each replica reports them. Larger than max_num_seqs is refused "
+    "(or, when the slots are chosen by the engine, clamped to them with a warning)."
+)
 # How a model writes tool calls (cluster/text/tool_parsers.py); auto: guessed from its chat template.
 ToolCallParser = Literal["auto", "hermes", "llama3_json"]
 TOOL_CALL_PARSER_NOTE = (
@@ -38,7 +51,7 @@ class EngineSettings(_Frozen):
     """What each replica's engine is built with (see ``replica.EngineConfig``)."""
 
     model: str = Field(
-        default="smollm2-135m", description="Preset name or local Hugging Face model directory."
+        default=DEFAULT_MODEL, description="Preset name or local Hugging Face model directory."
     )
     device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu' or 'cuda'.")
     mode: Literal["auto", "async", "sync"] = Field(
@@ -52,8 +65,17 @@ class EngineSettings(_Frozen):
         description="Generated word-level tokenizer of the preset's vocabulary (random-weight benchmarks).",
     )
     kv_cache_tokens: int = Field(default=16384, gt=0, description="KV cache size in tokens on CPU.")
-    max_num_seqs: int = Field(default=32, gt=0, description="Sequences batched together per step, at most.")
-    max_num_batched_tokens: int = Field(default=512, gt=0, description="Tokens per step (prefill chunking).")
+    max_num_seqs: int | None = Field(
+        default=None,
+        gt=0,
+        description="Sequences batched together per step, at most; None: chosen for the device "
+        "(CPU 8; CUDA up to 128, as the KV pool allows: replica/engine_sizes.py).",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens per step (prefill chunking); None: chosen for the device (CPU 512, CUDA 2048).",
+    )
     max_model_len: int | None = Field(default=None, gt=1, description="Context cap; None = the model's own.")
     enable_prefix_caching: bool = Field(
         default=True, description="Keep prompt KV blocks and find them again, per tenant (docs/engine.md)."
@@ -102,7 +124,9 @@ class ModelSettings(_Frozen):
     """One served model: its API name and its own replica pool. Unset fields come from the top level."""
 
     name: str = Field(
-        pattern=MODEL_NAME_PATTERN, description="Model name in the API: the request's `model` field."
+        pattern=MODEL_NAME_PATTERN,
+        description="Model name in the API: the request's `model` field. Unset: the engine.model's own "
+        "name (the preset's, or the checkpoint directory's).",
     )
     engine: EngineSettings = Field(
         default_factory=EngineSettings,
@@ -116,20 +140,49 @@ class ModelSettings(_Frozen):
     replica_num_gpus: float | None = Field(
         default=None, ge=0, description="GPUs per replica; None = 1 when CUDA is present, else 0."
     )
-    replica_room: int = Field(
-        default=8, ge=1, description="Requests in flight per replica of this model at most."
-    )
+    replica_room: int | None = Field(default=None, ge=1, description=ROOM_NOTE)
     tool_call_parser: ToolCallParser = Field(default="auto", description=TOOL_CALL_PARSER_NOTE)
+
+    @model_validator(mode="after")
+    def _room_fits(self) -> ModelSettings:
+        check_room(self.replica_room, self.engine.max_num_seqs)
+        return self
 
     @property
     def min_replicas(self) -> int:
         return self.autoscaling.min_replicas if self.autoscaling else self.num_replicas
 
     @property
+    def room_hint(self) -> int:
+        """The room per replica until a replica reports its slots: the room set, else the slots set,
+        else a CPU engine's slots (the routers then follow what the replicas report)."""
+        return self.replica_room or self.engine.max_num_seqs or PROVISIONAL_ROOM
+
+    @property
     def replica_max_ongoing(self) -> int:
         # Headroom over the room: the requests the routers send past it for a higher tier
         # (cluster/routing/dispatcher.py, displacing dispatch), and cheap control calls (load, profile).
-        return self.replica_room + max(1, self.replica_room // 4) + 8
+        room = self.replica_room or self.engine.max_num_seqs or AUTO_MAX_SEQS
+        return room + max(1, room // 4) + 8
+
+
+def check_room(room: int | None, slots: int | None) -> None:
+    """A room set above the engine's slots set would queue requests inside the replica, in arrival
+    order, where the router's fair queue should hold them: refused at start."""
+    if room is not None and slots is not None and room > slots:
+        raise ValueError(
+            f"replica_room ({room}) is larger than engine.max_num_seqs ({slots}): requests past the "
+            "slots would wait inside the replica instead of the fair queue. Set replica_room at most "
+            "max_num_seqs, or leave it unset to follow the slots."
+        )
+
+
+def model_name_of(model: str) -> str:
+    """The API name of a model given by preset or directory: the preset's name, or the directory's
+    own (its last part), with any character a model name may not hold replaced by '-'."""
+    name = PurePath(os.path.abspath(os.path.expanduser(model))).name  # "." and "~/m" name their folders
+    name = re.sub(r"[^A-Za-z0-9._:@+-]", "-", name).lstrip("._:@+-")[:128]
+    return name or "model"
 
 
 def inherit_entries(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -160,6 +213,9 @@ def _inherit(entry: Any, top: Mapping[str, Any]) -> Any:
     for key in INHERITED:
         if key not in entry and key in top:
             out[key] = top[key]
+    model = out.get("engine", {}).get("model") if isinstance(out.get("engine"), dict) else None
+    if "name" not in out and (model is None or isinstance(model, str)):
+        out["name"] = model_name_of(model or DEFAULT_MODEL)
     return out
 
 

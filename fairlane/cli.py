@@ -15,6 +15,7 @@ from rich.table import Table
 from cluster.config import AppConfig, load_app_config
 from cluster.drain import StopSignal
 from cluster.ops.direct_ingress import router_urls
+from cluster.ops.engine_report import sizes_lines
 from cluster.ops.local_cluster import APP_NAME, free_port, local_cluster
 from fairlane.bench_cli import bench_app
 from fairlane.chaos_cli import chaos_app
@@ -82,6 +83,8 @@ def serve_cmd(
     with local_cluster(cfg, address, on_ray_up=stop.install) as base_url:
         names = ", ".join(m.name for m in cfg.served_models)
         console.print(f"fairlane serving [bold]{names}[/] at {base_url}/v1 (Ctrl-C to stop)")
+        for line in sizes_lines(cfg, APP_NAME):
+            console.print(line, highlight=False)
         if cfg.direct_ingress:
             print_router_urls(cfg)
         stop.wait()
@@ -100,7 +103,8 @@ def print_router_urls(cfg: AppConfig) -> None:
 
 
 def with_model(cfg: AppConfig, model: str | None, served_name: str | None) -> AppConfig:
-    """The config serving `model` (a directory or a preset) under `served_name`."""
+    """The config serving `model` (a directory or a preset) under `served_name`, by default the
+    model's own name (the directory's or the preset's)."""
     if model is None and served_name is None:
         return cfg
     if cfg.models:  # which entry would it change? The config's list says what each model serves.
@@ -108,9 +112,9 @@ def with_model(cfg: AppConfig, model: str | None, served_name: str | None) -> Ap
     data = cfg.model_dump(exclude_unset=True)
     if model is not None:
         data["engine"] = {**data.get("engine", {}), "model": model}
-        path = Path(model).expanduser()
-        served_name = served_name or (path.resolve().name if path.is_dir() else model)
-    data["served_model_name"] = served_name or cfg.served_model_name
+        data.pop("served_model_name", None)  # the model's own name, unless named below
+    if served_name is not None:
+        data["served_model_name"] = served_name
     return AppConfig.model_validate(data)
 
 

@@ -28,11 +28,12 @@ class EngineConfig:
     random_weights: bool = False
     mode: EngineMode = "auto"
     block_size: int = 16
+    # The engine's sizes; None: chosen for the device (replica/engine_sizes.py states the rule).
     num_kv_blocks: int | None = None  # None: from kv_cache_tokens (CPU) or free memory (CUDA)
     kv_cache_tokens: int = 32768  # CPU cache size when num_kv_blocks is None
     gpu_memory_fraction: float = 0.85  # CUDA: share of the memory left after the weights for KV
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int | None = None  # sequences in one step at most
+    max_num_batched_tokens: int | None = None  # tokens in one step at most (prompts are chunked)
     max_model_len: int | None = None  # None: the model's own limit, capped at 8192
     cuda_graphs: bool = True
     # CUDA, bf16/fp16: graphs also for greedy steps that mix decode rows with prompt chunks starting
@@ -100,7 +101,7 @@ class EngineConfig:
             "profile_history": self.profile_history,
         }
         for name, value in positive.items():
-            if value <= 0:
+            if value is not None and value <= 0:
                 raise InvalidRequestError(f"{name} must be positive, got {value}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise InvalidRequestError("num_kv_blocks must be at least 2 (block 0 is reserved)")

@@ -21,8 +21,6 @@ import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as SeqOf
 
-import torch
-
 from replica.attention_metadata import DecodeKernelShape
 from replica.block_manager import BlockManager
 from replica.cache_summary import CacheSummary, build_summary
@@ -30,6 +28,7 @@ from replica.config import EngineConfig
 from replica.detokenizer import IncrementalDetokenizer
 from replica.device_choice import pick_device, pick_dtype, resolve_mode
 from replica.engine_core import EngineCore, _Abort, _Add, _Hold
+from replica.engine_sizes import EngineSizes, sizes_for
 from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError
 from replica.generation_defaults import GenerationDefaults
 from replica.grammar_compiler import GrammarCompiler
@@ -56,6 +55,7 @@ class Engine:
         self.loaded: LoadedModel | None = None
         self.core: EngineCore | None = None
         self.max_model_len = 0
+        self.sizes: EngineSizes | None = None  # chosen at start (replica/engine_sizes.py)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, OpenRequest] = {}
@@ -91,32 +91,40 @@ class Engine:
         self.loaded = load_model(cfg.model, self.device, self.dtype, cfg.random_weights, cfg.weights_seed)
         # The model's own limit: max_position_embeddings, or a sliding window (replica/architectures.py)
         self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, self.loaded.max_model_len)
-        num_blocks = cfg.num_kv_blocks or self._default_num_blocks()
+        per_block = ModelRunner.kv_bytes_per_block(self.loaded.model, cfg.block_size, self.dtype)
+        self.sizes = sizes = sizes_for(cfg, self.device, per_block)
+        num_blocks = sizes.num_kv_blocks
         blocks = BlockManager(num_blocks, cfg.block_size)
         decode_kernel = DecodeKernelShape(
             splits=cfg.decode_attention_splits, tile=cfg.decode_attention_tile, rope=cfg.decode_attention_rope
         )
         runner = ModelRunner(
-            self.loaded.model, self.device, num_blocks, cfg.block_size, cfg.max_num_batched_tokens,
-            cfg.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
+            self.loaded.model, self.device, num_blocks, cfg.block_size, sizes.max_num_batched_tokens,
+            sizes.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
             decode_kernel=decode_kernel, k_slices=cfg.decode_k_slices, triton_gemms=cfg.decode_triton_gemms,
             context_graphs=cfg.context_cuda_graphs,
         )  # fmt: skip
         whole = cfg.keep_prompts_whole and bool(runner.mixed.fresh)  # the rule serves the graphs
         scheduler = Scheduler(
-            blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, runner.table_width, keep_prompts_whole=whole
+            blocks,
+            sizes.max_num_seqs,
+            sizes.max_num_batched_tokens,
+            runner.table_width,
+            keep_prompts_whole=whole,
         )
         late_wanted = cfg.late_launch if cfg.late_launch is not None else self.device.type == "cuda"
         late = LateLaunch(cfg.late_launch_margin_ms) if late_wanted else None
         return EngineCore(runner, scheduler, set(self.eos_token_ids), self.mode, cfg.profile_history, late)
 
-    def _default_num_blocks(self) -> int:
-        cfg = self.config
-        if self.device.type != "cuda":
-            return cfg.kv_cache_tokens // cfg.block_size + 1
-        free, _ = torch.cuda.mem_get_info(self.device)
-        per_block = ModelRunner.kv_bytes_per_block(self.loaded.model, cfg.block_size, self.dtype)
-        return max(2, int(free * cfg.gpu_memory_fraction) // per_block)
+    def describe(self) -> dict:
+        """What this engine runs on and with (after start): device, dtype, mode and sizes."""
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "mode": self.mode,
+            "max_model_len": self.max_model_len,
+            **self.sizes.as_dict(),
+        }
 
     # ---- requests --------------------------------------------------------------------------------
     def hold(self) -> None:
@@ -267,7 +275,7 @@ class Engine:
         vocab = self.loaded.config.vocab_size
         ids = prompt_ids(prompt, self.tokenizer, vocab)
         check_fits(len(ids), params.max_tokens, self.max_model_len, self.core.blocks)
-        check_params(params, vocab, self.config.max_num_seqs, self.tokenizer)
+        check_params(params, vocab, self.sizes.max_num_seqs, self.tokenizer)
         return make_sequences(
             ids,
             params,

@@ -35,7 +35,7 @@ def start_ledger(config: AppConfig, app: str, router: str, core: RouterCore) -> 
 
     def pricing(model: str) -> Pricing:
         pool = core.pools.get(model)
-        room = pool.model.replica_room if pool is not None else 1
+        room = pool.dispatcher.room if pool is not None else 1
         return Pricing(core.tenancy.config.gpu_dollars_per_hour, room)
 
     try:

@@ -24,10 +24,31 @@ def pool_state(pool: ModelPool, monitor: ReplicaMonitor) -> dict[str, Any]:
         "capacity": d.capacity,
         "queued": len(d.queue),
         "replicas": monitor.replicas,
+        "room_per_replica": d.room,
+        "stream_flush_s": pool.runner.flush_now_s,  # the replicas' hold of streamed outputs, last asked
+        **monitor.room.state(),
+        "engine": engine_sizes(monitor),
         "active_leases": pool.active_leases(),
         "waiters": d.waiters,
         "quota_store_degraded": pool.quotas.degraded,
     }
+
+
+def engine_sizes(monitor: ReplicaMonitor) -> dict[str, Any] | None:
+    """What one of the model's replicas runs on and with (its last load), or None before one reported."""
+    for load in monitor.loads.values():
+        if load.get("engine"):
+            return load["engine"]
+    return None
+
+
+def sizes_line(monitor: ReplicaMonitor) -> dict[str, Any] | None:
+    """``/health``'s figures of a model: device, dtype, slots, KV tokens and the router's room."""
+    engine = engine_sizes(monitor)
+    if engine is None:
+        return None
+    keys = ("device", "dtype", "max_num_seqs", "max_num_batched_tokens", "kv_tokens", "max_model_len")
+    return {**{k: engine.get(k) for k in keys}, "room": monitor.room_per_replica}
 
 
 def models_state(pools: dict[str, ModelPool], monitors: MonitorLoop) -> dict[str, dict[str, Any]]:

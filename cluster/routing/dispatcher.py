@@ -113,6 +113,18 @@ class Dispatcher:
         """Requests in flight past the room (each displaces lower-tier work on its replica)."""
         return max(0, self.in_flight - self.capacity)
 
+    @property
+    def room(self) -> int:
+        """Requests in flight per replica (over every router) at most."""
+        return self._room
+
+    def set_room(self, room: int) -> None:
+        """The room per replica now (the slots the replicas report, when no room is set)."""
+        room = max(1, room)
+        if room != self._room:
+            self._room = room
+            self._kick()
+
     def set_replicas(self, replicas: int) -> None:
         if replicas != self._replicas:
             self._replicas = replicas

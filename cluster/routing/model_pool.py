@@ -96,7 +96,7 @@ class ModelPool:
         self.quotas = QuotaManager(self.tenancy, self.store)
         self.dispatcher = Dispatcher(
             FairQueue.from_config(self.tenancy, order=config.dispatch_policy),
-            model.replica_room,
+            model.room_hint,
             config.initial_routers,
             replicas=model.min_replicas,
             queue_timeout_s=config.queue_timeout_s,
@@ -155,3 +155,4 @@ class ModelPool:
     def refresh_queue_metrics(self, metrics: ClusterMetrics) -> None:
         for stats in self.dispatcher.queue.snapshot().tenants.values():
             metrics.queue_depth.labels(stats.tenant_id, stats.sla_class, self.name).set(stats.queued)
+        metrics.stream_flush.labels(self.name).set(self.runner.flush_now_s)

@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.routing.dispatcher import Dispatcher
 from cluster.routing.live_replicas import live_replicas
+from cluster.routing.room_follower import RoomFollower
 from cluster.telemetry.metrics import ClusterMetrics
 from cluster.telemetry.request_timing import TimingRecorder
 
@@ -59,8 +60,10 @@ class ReplicaMonitor:
         interval_s: float,
         count: Callable[[], tuple[int | None, int | None]],
         model: str = "",
+        room_set: int | None = None,
     ) -> None:
-        """``count``: the model's running replicas and the app's running routers (None: unknown)."""
+        """``count``: the model's running replicas and the app's running routers (None: unknown).
+        ``room_set``: the model's ``replica_room``; None: the room follows the replicas' slots."""
         self._handle = handle
         self._dispatcher = dispatcher
         self._metrics = metrics
@@ -71,6 +74,11 @@ class ReplicaMonitor:
         self._polls = 0
         self.loads: dict[str, dict] = {}
         self.profiles: dict[str, dict] = {}  # replica id -> its last step-profile summary
+        self.room = RoomFollower(model, room_set)
+
+    @property
+    def room_per_replica(self) -> int:
+        return self._dispatcher.room
 
     async def poll_once(self, profile: bool = False) -> None:
         live = live_replicas(self._handle.app_name, self._handle.deployment_name)
@@ -113,6 +121,9 @@ class ReplicaMonitor:
             stale = now - STALE_POLLS * self._interval
             self.loads = {rid: v for rid, v in self.loads.items() if v["polled_at"] >= stale}
             self._metrics.observe_load(load, self.model)
+            room = self.room.room(self.loads)
+            if room is not None:
+                self._dispatcher.set_room(room)
             if profile:
                 async with asyncio.timeout(self._interval * 2):
                     summary = await self._handle.profile.remote()

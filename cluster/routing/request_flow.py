@@ -48,6 +48,15 @@ def stream_interval(floor_s: float, open_streams: int, items_per_s: float) -> fl
     return max(floor_s, min(MAX_STREAM_INTERVAL_S, open_streams / items_per_s))
 
 
+def channel_flush(ceiling_s: float, open_streams: int, items_per_s: float) -> float:
+    """How long a replica may hold a stream's outputs on the channel: none while the router's item
+    budget covers an item per stream and engine step, then the budget shared out over the open
+    streams, up to ``ceiling_s`` (``stream_flush_s``). ``items_per_s`` 0: no budget, never held."""
+    if items_per_s <= 0:
+        return 0.0
+    return min(ceiling_s, open_streams / items_per_s)
+
+
 class RequestRunner:
     """Runs jobs against the replica deployment; one per router."""
 
@@ -74,7 +83,8 @@ class RequestRunner:
         # With a channel (``attach_channel``), outputs come back on the router's stream channel,
         # one frame per replica per flush for all streams, instead of one Serve item per output.
         self.channel: StreamReceiver | None = None
-        self.flush_s = 0.02
+        self.flush_s = 0.02  # the ceiling of the replicas' hold on the channel (stream_flush_s)
+        self.flush_now_s = 0.0  # the hold asked of the latest request (the item budget's share)
         # With direct dispatch (``direct_dispatch.py``) requests skip Serve's handle when a replica
         # is reachable; their outputs still come back on the channel.
         self.direct: DirectDispatch | None = None
@@ -137,7 +147,9 @@ class RequestRunner:
             )
             return self._replicas.generate.remote(args)
         # On the channel every output waits at most one flush: the frame is shared by all streams,
-        # so spacing one stream's outputs further saves nothing.
+        # so spacing one stream's outputs further saves nothing. The flush follows the item budget:
+        # each output leaves as the engine makes it until the open streams need coalescing.
+        self.flush_now_s = channel_flush(self.flush_s, self.dispatcher.in_flight, self._items_per_s)
         args = GenerateArgs(
             engine_id,
             job.prompt_ids,
@@ -149,7 +161,7 @@ class RequestRunner:
             priority=priority,
             reply_to=self.channel.address,
             channel_key=self.channel.key,
-            flush_s=self.flush_s,
+            flush_s=self.flush_now_s,
         )
         call = self.direct.submit(args) if self.direct is not None else None
         active.via_serve = call is None

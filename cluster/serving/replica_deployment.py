@@ -170,6 +170,7 @@ class ReplicaServer:
             "kv_evictions": s.kv_evictions,
             "rss_bytes": rss_bytes(),
             "gc": PROCESS_GC.snapshot(),  # the collector's pauses since start (the engine thread waits)
+            "engine": self._engine.describe(),  # device, dtype and sizes: the routers' room follows them
         }
 
     def engine_requests(self) -> dict[str, float]:
@@ -224,7 +225,7 @@ class ReplicaServer:
             "replica_id": self._replica_id,
             "max_model_len": self._engine.max_model_len,
             "kv_capacity_tokens": core.blocks.num_usable * core.blocks.block_size,
-            "device": str(self._engine.device),
+            **self._engine.describe(),
         }
 
     async def check_health(self) -> None:

@@ -5,6 +5,8 @@ whatever the item carries. Here a request is one unary Serve call (``ReplicaServ
 routing, Serve's ongoing-request count, cancellation and replica-death errors stay Serve's), and its
 outputs travel on a TCP connection the replica keeps to the router that sent it (``reply_to``): every
 ``flush_s`` the replica writes one frame carrying every open stream's new outputs for that router.
+The router sets ``flush_s`` with each request from its item budget (``request_flow.channel_flush``): 0
+while few streams are open, so each engine step's outputs leave in a frame of their own.
 
 Order: a request's outputs are merged per choice while they wait (tokens and text concatenated), and
 a choice's newest output moves to the end of the frame, so the output that ends the request is the
@@ -152,7 +154,7 @@ class ChannelSet:
             for gone in [a for a, c in self._channels.items() if c.broken is not None]:
                 del self._channels[gone]  # routers that stopped
             channel = self._channels[address] = RouterChannel(address, key, flush_s)
-        channel.flush_s = min(channel.flush_s, flush_s)
+        channel.flush_s = flush_s  # the newest request's: the router's budget for the streams open now
         return channel
 
     async def forward(self, args: GenerateArgs, outputs: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:

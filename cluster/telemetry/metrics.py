@@ -67,6 +67,13 @@ class ClusterMetrics:
             "fairlane_dispatch_room", "Requests this router may have in flight.", MODEL, registry=r
         )
         self.replicas = Gauge("fairlane_replicas", "Running replicas seen by this router.", MODEL, registry=r)
+        self.stream_flush = Gauge(
+            "fairlane_stream_flush_seconds",
+            "Longest wait of a streamed output on the replica, set by the router's item budget (0: every "
+            "engine step's output leaves as it is made).",
+            MODEL,
+            registry=r,
+        )
         self.batch_size = Gauge(
             "fairlane_replica_batch_size", "Running sequences per replica.", REPLICA, registry=r
         )

@@ -1,6 +1,7 @@
 """Every architecture served from its checkpoint directory through the OpenAI API: one app with a
-tiny checkpoint of each kind as its own model, the chat template applied by the router, and the
-greedy answer equal to transformers' float32 generate on the same templated prompt."""
+tiny checkpoint of each kind as its own model (named by nothing but its directory), the chat
+template applied by the router, and the greedy answer equal to transformers' float32 generate on
+the same templated prompt."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ray import serve
 from transformers import AutoTokenizer
 
 from cluster.text.prompts import tokenizer_dir
-from tests.cluster.helpers import ALICE, start_app
+from tests.cluster.helpers import ALICE, admin_state, start_app, wait_until
 from tests.replica.checkpoints import KINDS, hf_from_dir, hf_greedy_many, random_hf_model, save_checkpoint
 from tests.replica.checkpoints import tiny_config as kind_of
 
@@ -44,7 +45,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def app_url(ray_serve: int, checkpoints: dict[str, Path], tenancy_file: Path) -> Iterator[str]:
     config = {
         "engine": {"device": "cpu", "kv_cache_tokens": 1024, "max_num_seqs": 4},
-        "models": [{"name": name, "engine": {"model": str(path)}} for name, path in checkpoints.items()],
+        # No names: each entry is served under its checkpoint directory's name.
+        "models": [{"engine": {"model": str(path)}} for path in checkpoints.values()],
         "replica_num_cpus": 0.5,
         "tenancy_config": str(tenancy_file),
         "queue_timeout_s": 600.0,
@@ -79,3 +81,19 @@ def test_every_architecture_answers_chat_as_transformers(app_url: str, checkpoin
         answers = dict(zip(jobs, pool.map(ask, jobs), strict=True))
     for (name, q), answer in answers.items():
         assert answer and answer == reference(checkpoints[name], QUESTIONS[q]), (name, q, answer)
+
+
+def test_each_model_s_room_follows_its_engine_s_slots(app_url: str, checkpoints: dict[str, Path]) -> None:
+    """No replica_room set: each model's room per replica is its engine's slots, as its replicas
+    report them, and the router shows the sizes the engines run with."""
+
+    def reported() -> bool:
+        models = admin_state(app_url)["models"]
+        return all(models[name]["engine_slots"] == 4 for name in checkpoints)
+
+    assert wait_until(reported, timeout_s=60)
+    for name in checkpoints:
+        state = admin_state(app_url)["models"][name]
+        assert state["room_per_replica"] == 4 and state["room_source"] == "engine slots"
+        assert state["engine"]["device"] == "cpu" and state["engine"]["kv_tokens"] == 1024
+        assert "max_num_seqs" not in state["engine"]["chosen"]

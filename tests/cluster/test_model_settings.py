@@ -28,7 +28,8 @@ TWO = {
 def test_the_one_model_form_is_the_one_element_case() -> None:
     config = AppConfig(engine={"device": "cpu"}, num_replicas=2, served_model_name="mine")
     (model,) = config.served_models
-    assert (model.name, model.engine, model.num_replicas, model.replica_room) == ("mine", config.engine, 2, 8)
+    assert (model.name, model.engine, model.num_replicas) == ("mine", config.engine, 2)
+    assert model.replica_room is None  # unset: the engine's slots
     assert config.deployments == {"mine": "Replica"}
     # A copy with another top-level value serves that value (the CLI's profile changes the room so).
     assert config.model_copy(update={"replica_room": 3}).served_models[0].replica_room == 3

@@ -51,6 +51,14 @@ def test_every_model_needs_its_gpus() -> None:
     assert render({"app": {"models": [{"name": "a"}, cpu_only]}}).app_args["models"][1] == cpu_only
 
 
+def test_an_entry_without_a_name_serves_its_model_s_own_name() -> None:
+    rendered = render({"app": {"models": [{"engine": {"model": "/models/Qwen2.5-7B-Instruct"}}]}})
+    assert "name" not in rendered.app_args["models"][0]
+    assert [m.name for m in AppConfig.model_validate(rendered.app_args).served_models] == [
+        "Qwen2.5-7B-Instruct"
+    ]
+
+
 @pytest.mark.parametrize(
     ("models", "message"),
     [
@@ -59,7 +67,6 @@ def test_every_model_needs_its_gpus() -> None:
         ([{"name": "has space"}], "/app/models/0/name"),
         ([{"name": "a", "engine": {"modle": "x"}}], "additional properties 'modle' not allowed"),
         ([{"name": "a", "replicas": 2}], "additional properties 'replicas' not allowed"),
-        ([{"engine": {"model": "x"}}], "name"),
     ],
 )
 def test_bad_models_fail_the_render(models: list, message: str) -> None:
