@@ -85,9 +85,7 @@ def measure(url: str, model: str, trace: Trace) -> dict:
     out = {}
     for phase, flood in (("solo", False), ("flood", True)):
         httpx.post(f"{url}/admin/timings/reset", headers=ADMIN, timeout=10)
-        run = run_scenario(
-            scenario(model, trace, flood), f"{url}/v1", admin_key=DEMO_ADMIN_KEY, show_progress=False
-        )
+        run = run_scenario(scenario(model, trace, flood), url, admin_key=DEMO_ADMIN_KEY, show_progress=False)
         timings = httpx.get(f"{url}/admin/timings", headers=ADMIN, timeout=30).json()["records"]
         out[phase] = phase_figures(run.records, timings, run.client_loop_lag)
     return out
