@@ -98,7 +98,8 @@ def phase_figures(records: list[RequestRecord], timings: list[dict], loop_lag: d
     router_quiet = [t for t in timings if t["tenant_id"] == "alice" and t.get("tpot") is not None]
     return {
         "quiet_requests": len(quiet),
-        "quiet_failed": sum(1 for r in measured if r.tenant == "alice" and not r.ok),
+        "quiet_failed": sum(1 for r in measured if r.tenant == "alice" and not r.ok and not r.cut),
+        "quiet_cut": sum(1 for r in measured if r.tenant == "alice" and r.cut),
         "quiet_ttft": percentiles([v for r in quiet if (v := ttft(r)) is not None]),
         "quiet_itl": percentiles([gap for r in quiet for gap in itls(r)]),
         "router_tpot": percentiles([t["tpot"] for t in router_quiet]),

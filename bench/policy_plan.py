@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster_plan import CONFIGS, with_answer_scale
-from loadtest.capacity import load_scale
-from loadtest.scenario import Scenario, load_scenario
+from loadtest.capacity import load_scale, offered_output_tps
+from loadtest.scenario import FixedLength, Scenario, load_scenario
 from tenancy import DISPATCH_POLICIES
 
 NOISY_SCENARIO = "noisy-neighbour-pairs"
@@ -19,15 +19,22 @@ SOLO = "solo"
 
 @dataclass(frozen=True)
 class PolicyPlan:
-    """Sizes and times of one run; every scenario runs at ``load_factor`` × ``capacity_tps``."""
+    """Sizes and times of one run; every scenario runs at ``load_factor`` × ``capacity_tps``.
+
+    A run is its load (``duration_s``), then its drain: every request it admitted, to its end
+    (``loadtest/drain.py``). At 1.5 × capacity the load leaves a backlog of about half its length in
+    work, so the drain is planned as that backlog served at the capacity (× ``drain_slack``) plus
+    the longest answer at ``tpot_estimate_s``; ``bench/policy_schedule.py`` fits the runs to the
+    budget with these estimates and caps each drain so that the phases after it keep theirs.
+    """
 
     config: Path
     capacity_tps: float  # the cluster's output tok/s with the sampling mix (an earlier sweep's)
-    budget_s: float  # the whole run, cluster start included; a run that no longer fits is skipped
+    budget_s: float  # the whole run, cluster start included; what does not fit is skipped and said
     duration_s: float  # seconds of load per scenario run (the scenario's warm-up keeps its share)
-    drain_s: float  # seconds a run's requests get to end after its load; then they are cancelled
     answer_scale: float  # answer lengths × this (GPU: answers a GPU serves, tens of requests/s)
     window_s: float  # fairness window (Jain, service gap)
+    tpot_estimate_s: float  # seconds per output token at the end of a drain (the last answers' pace)
     policies: tuple[str, ...] = ("fairlane", "vtc", "fcfs")
     scenarios: tuple[str, ...] = (NOISY_SCENARIO, "mixed-sla")
     load_factor: float = 1.5
@@ -35,28 +42,39 @@ class PolicyPlan:
     settings: tuple[tuple[str, Any], ...] = ()  # AppConfig overrides (``--set``), e.g. direct ingress
     # Load generator processes: one reading ~13,000 streamed tok/s lagged 57 ms at p99 (issue 23's run).
     client_procs: int = 1
-    # Budget guesses for what is still to come.
-    redeploy_estimate_s: float = 60.0  # new routers and replica (the model loads again)
+    drain_cap_s: float | None = None  # a cap on every drain (``--drain-s``); None: the budget's only
+    # Budget guesses for the phases (H200, 2026-12-03: cluster up after 72 s, redeploys 31 and 35 s,
+    # ~10 s a run beyond load and drain: the wait for an idle router, the shards' 5-s spawn lead, files).
+    start_estimate_s: float = 75.0  # Ray, Serve, the first replica with the model, one warm-up request
+    redeploy_estimate_s: float = 40.0  # new routers and replica (the model loads again)
+    run_overhead_s: float = 10.0
+    drain_slack: float = 1.25  # a backlog drains below the sweep's capacity (long prompts, a thinning batch)
     settle_s: float = 10.0  # between runs, at most: until the router holds nothing (wait_idle)
     stop_estimate_s: float = 15.0
-
-    def run_s(self) -> float:
-        """A run's budget guess: load, drain, and a few seconds to settle and summarize."""
-        return self.duration_s + self.drain_s + 5.0
 
     def ordered_policies(self) -> tuple[str, ...]:
         """fairlane first (its cluster start serves the solo run too and the targets are its)."""
         return tuple(sorted(self.policies, key=lambda p: p != "fairlane"))
 
+    def drain_estimate_s(self, sc: Scenario) -> float:
+        """The expected drain: the load's backlog at the capacity, then the longest answer."""
+        over = max(0.0, offered_output_tps(sc) / self.capacity_tps - 1.0)
+        return over * sc.duration_s * self.drain_slack + longest_answer(sc) * self.tpot_estimate_s
 
+    def run_estimate_s(self, sc: Scenario) -> float:
+        return sc.duration_s + self.drain_estimate_s(sc) + self.run_overhead_s
+
+
+# 20 s of load: the six runs, the solo run, the cluster start and two redeploys fit 540 s with the
+# drains (bench/policy_schedule.py estimates ~513 s); 40 s of load with full drains would take ~730 s.
 GPU = PolicyPlan(
     config=CONFIGS / "gpu-8b.yaml",
     capacity_tps=13839.0,
     budget_s=540.0,
-    duration_s=40.0,
-    drain_s=8.0,
+    duration_s=20.0,
     answer_scale=20.0,  # 480-token answers: noisy-neighbour-pairs at 1.5x sends ~43 requests/s
     window_s=5.0,
+    tpot_estimate_s=0.012,  # TPOT p99 8-11 ms at 128 sequences (BENCHMARKS.md); fewer at the drain's end
     client_procs=4,
 )
 # SmolLM2 random weights on a 2-core CPU (max_num_seqs 4): about 20 output tokens per second.
@@ -66,12 +84,19 @@ SMOKE = PolicyPlan(
     capacity_tps=20.0,
     budget_s=600.0,
     duration_s=15.0,
-    drain_s=8.0,
     answer_scale=0.5,
     window_s=3.0,
+    tpot_estimate_s=0.3,  # 4 sequences sharing ~20 tok/s, with slack for a box shared with other work
     max_in_flight=256,
+    start_estimate_s=90.0,
     redeploy_estimate_s=30.0,
+    run_overhead_s=6.0,
 )
+
+
+def longest_answer(sc: Scenario) -> int:
+    """The largest ``max_tokens`` any tenant of the scenario asks for."""
+    return max(t.output.tokens if isinstance(t.output, FixedLength) else t.output.max for t in sc.tenants)
 
 
 def check_names(policies: tuple[str, ...], scenarios: tuple[str, ...]) -> None:
@@ -86,7 +111,8 @@ def at_capacity(name: str, plan: PolicyPlan, model: str) -> Scenario:
     """Scenario ``name`` with the plan's answer lengths, offering ``load_factor`` × the capacity."""
     base = with_answer_scale(load_scenario(name), plan.answer_scale)
     sc = base.scaled(load_scale(base, plan.capacity_tps, plan.load_factor), plan.duration_s)
-    updates = {"model": model, "drain_timeout_s": plan.drain_s, "max_requests": 1_000_000}
+    # No drain cap here: the driver sets each run's from the budget left when it starts.
+    updates = {"model": model, "drain_timeout_s": None, "max_requests": 1_000_000}
     updates |= {"client_procs": plan.client_procs}
     return Scenario.model_validate(sc.model_dump() | updates | {"max_in_flight": plan.max_in_flight})
 

@@ -12,7 +12,11 @@ here) with the same seed, so every policy gets the same requests; under ``fairla
 scenario's quiet tenants also run alone (the solo run, target (a)). ``bench/policy_targets.py``
 says what each target is.
 
-Every run checks the time budget first; one that no longer fits is skipped and noted. DIR gets
+Each run is its load, then its drain: every request it admitted, to its end (``loadtest/drain.py``).
+The phases are planned to fit the time budget first (``bench/policy_schedule.py``: what does not fit
+is left out, least needed first, and said); each run's drain is capped at what the phases after it
+leave over, and each phase checks the time left before it starts. Whatever is skipped is in
+results.json's ``skipped`` (phase and why) and in the table. DIR gets
 results.json (every figure, the command, commit, machine, date), table.txt (the table printed
 last), runs.tar.gz (each run's folder for ``fairlane report``), logs.txt (Serve's log tails).
 """
@@ -25,11 +29,11 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -37,17 +41,9 @@ from rich.console import Console
 
 from bench.cluster_args import app_setting
 from bench.cluster_steps import bundle, jsonable, machine, warm_up
-from bench.policy_plan import (
-    GPU,
-    NOISY_TENANTS,
-    SMOKE,
-    PolicyPlan,
-    at_capacity,
-    check_names,
-    quiet_tenants,
-    solo_of,
-)
-from bench.policy_steps import wait_idle
+from bench.policy_plan import GPU, NOISY_TENANTS, SMOKE, PolicyPlan, check_names, quiet_tenants
+from bench.policy_schedule import Phase, Schedule, build_schedule, drain_cap_s, scenario_for
+from bench.policy_steps import client_url, commit, wait_idle
 from bench.policy_table import policy_table
 from bench.policy_targets import compact, quiet_split, quiet_ttft_p99
 from cluster.config import AppConfig, load_app_config
@@ -58,6 +54,8 @@ from loadtest.serve_process import REPO_ROOT, ServeProcess, free_port
 from loadtest.summary import summarize
 from tenancy import DEMO_ADMIN_KEY
 
+Redeploy = Callable[[AppConfig], str]  # cluster.ops.local_cluster.redeploy: the app again, its URL
+
 
 class PolicyBench:
     """One run of the plan; ``results`` is saved after every run (a killed run still leaves it)."""
@@ -65,6 +63,7 @@ class PolicyBench:
     def __init__(self, plan: PolicyPlan, out: Path, workdir: Path, argv: list[str]) -> None:
         self.plan, self.out, self.work = plan, out, workdir
         self.runs = workdir / "runs"
+        self.port = 0  # the app's, chosen when the cluster starts; every redeploy keeps it
         self.t0 = time.monotonic()
         self.results: dict = {
             "command": " ".join(["python3 -m bench.policy_run", *argv]),
@@ -74,6 +73,7 @@ class PolicyBench:
             "plan": jsonable(asdict(plan)),
             "policies_run": [],
             "runs": {},
+            "skipped": [],  # {"phase", "why"}: left out by the plan's budget or, later, by the time left
             "notes": [],
         }
 
@@ -108,55 +108,87 @@ class PolicyBench:
         from cluster.ops.local_cluster import local_cluster, redeploy  # Ray: only when a cluster is started
 
         p = self.plan
-        policies = p.ordered_policies()
-        port = free_port()
-        first = self.app_config(policies[0], port)
+        self.port = free_port()
+        first = self.app_config(p.ordered_policies()[0], self.port)
         model = first.served_model_name
+        schedule = build_schedule(p, model)
         self.results["title"] = (
-            f"{p.config.name} ({model}), 1 replica, {p.load_factor:g}× {p.capacity_tps:,.0f} out tok/s"
+            f"{p.config.name} ({model}), 1 replica, {p.load_factor:g}× {p.capacity_tps:,.0f} out tok/s, "
+            f"{p.duration_s:g} s of load per run, drained to the end"
         )
         self.results["app_config"] = first.model_dump(mode="json")
+        self.results["schedule"] = schedule.as_list()
+        self.results["schedule_estimate_s"] = schedule.total_s()
+        for label, why in schedule.skipped:
+            self.skip(label, why)
         os.environ["RAY_TMPDIR"] = str(self.work / "ray")  # this run's Ray only, never another's
         t = time.monotonic()
         with local_cluster(first) as url:
             url = client_url(first, url)
             self.results["serve_ready_s"] = time.monotonic() - t
             warm_up(url, model, 1)
-            self.log(f"cluster up at {url} after {self.results['serve_ready_s']:.0f}s ({policies[0]})")
-            for i, policy in enumerate(policies):
-                if i > 0:
-                    if self.left() < p.redeploy_estimate_s + p.run_s() + p.stop_estimate_s:
-                        self.note(f"{policy}: skipped, {self.left():.0f}s of the budget left")
-                        continue
-                    t = time.monotonic()
-                    url = client_url(first, redeploy(self.app_config(policy, port)))
-                    warm_up(url, model, 1)
-                    self.results.setdefault("redeploy_s", {})[policy] = time.monotonic() - t
-                    self.log(f"redeployed with dispatch_policy={policy} in {time.monotonic() - t:.0f}s")
-                self.results["policies_run"].append(policy)
-                self.policy(policy, url, model)
+            deployed = p.ordered_policies()[0]
+            self.log(f"cluster up at {url} after {self.results['serve_ready_s']:.0f}s ({deployed})")
+            for phase in schedule.phases:
+                if phase.kind == "redeploy":
+                    url, deployed = self.redeploy(phase, schedule, url, deployed, redeploy)
+                elif phase.kind in ("run", "solo"):
+                    self.run_phase(phase, schedule, url, model, deployed)
             self.log("stopping the cluster")
 
-    def policy(self, policy: str, url: str, model: str) -> None:
+    def redeploy(
+        self, phase: Phase, schedule: Schedule, url: str, deployed: str, redeploy_app: Redeploy
+    ) -> tuple[str, str]:
+        """The app again under ``phase.policy``, if it and its first run still fit the budget."""
         p = self.plan
-        per = self.results["runs"].setdefault(policy, {})
-        for name in p.scenarios:
-            sc = at_capacity(name, p, model)
-            per[name] = self.one(f"{policy}/{name}", sc, url)
-            if policy == "fairlane" and name in NOISY_TENANTS:  # the solo run: target (a)'s baseline
-                self.results["solo"] = self.one(f"solo/{name}", solo_of(sc), url) | {"scenario": name}
+        nxt = next((q for q in schedule.phases if q.kind == "run" and q.policy == phase.policy), None)
+        need = p.redeploy_estimate_s + (nxt.estimate_s if nxt else 0.0) + p.stop_estimate_s
+        if self.left() < need:
+            self.skip(phase.label, f"{self.left():.0f}s of the budget left, {need:.0f}s needed")
+            return url, deployed
+        t = time.monotonic()
+        cfg = self.app_config(phase.policy, self.port)
+        url = client_url(cfg, redeploy_app(cfg))
+        warm_up(url, cfg.served_model_name, 1)
+        self.results.setdefault("redeploy_s", {})[phase.policy] = time.monotonic() - t
+        self.log(f"redeployed with dispatch_policy={phase.policy} in {time.monotonic() - t:.0f}s")
+        return url, phase.policy
+
+    def run_phase(self, phase: Phase, schedule: Schedule, url: str, model: str, deployed: str) -> None:
+        p = self.plan
+        if phase.policy != deployed:
+            self.skip(phase.label, f"{phase.policy} was not deployed (its redeploy was skipped)")
+            return
+        if phase.policy not in self.results["policies_run"]:
+            self.results["policies_run"].append(phase.policy)
+        sc = scenario_for(phase, p, model)
+        if self.left() < phase.estimate_s + p.stop_estimate_s:
+            self.skip(phase.label, f"{self.left():.0f}s of the budget left, {phase.estimate_s:.0f}s needed")
+            run: dict = {"skipped": f"{self.left():.0f}s of the budget left"}
+        else:
+            cap = drain_cap_s(p, schedule, phase, sc, self.left())
+            run = self.one(phase.label, sc.model_copy(update={"drain_timeout_s": cap}), url)
+        if phase.kind == "solo":  # target (a)'s baseline
+            self.results["solo"] = run | {"scenario": phase.scenario}
+        else:
+            self.results["runs"].setdefault(phase.policy, {})[phase.scenario] = run
+
+    def skip(self, label: str, why: str) -> None:
+        """A phase left out: results.json's ``skipped`` and the table's "skipped" rows say so."""
+        self.results["skipped"].append({"phase": label, "why": why})
+        self.log(f"{label}: skipped, {why}")
 
     def one(self, label: str, sc: Scenario, url: str) -> dict:
         """One scenario run: its compact summary and the quiet tenants' pooled TTFT p99."""
         p = self.plan
-        if self.left() < p.run_s() + p.stop_estimate_s:
-            self.note(f"{label}: skipped, {self.left():.0f}s of the budget left")
-            return {"skipped": f"{self.left():.0f}s of the budget left"}
-        idle = wait_idle(url, p.settle_s)  # the last run's cancelled requests leave the router first
+        idle = wait_idle(url, p.settle_s)  # the last run's requests leave the router first
         if idle["in_flight"] or idle["queued"]:
             self.note(f"{label}: started with {idle['in_flight']} in flight, {idle['queued']} queued")
         rate = sum(t.rate or 0.0 for t in sc.tenants)
-        self.log(f"{label}: {len(sc.tenants)} tenants, {rate:.2f} req/s, {sc.duration_s:.0f}s")
+        self.log(
+            f"{label}: {len(sc.tenants)} tenants, {rate:.2f} req/s, {sc.duration_s:.0f}s of load, "
+            f"drain expected {p.drain_estimate_s(sc):.0f}s, capped at {sc.drain_timeout_s:.0f}s"
+        )
         try:
             result = run_scenario(sc, url, admin_key=DEMO_ADMIN_KEY, show_progress=False)
             summary = summarize_at_capacity(self.runs / label, sc, url, result, p)
@@ -166,8 +198,13 @@ class PolicyBench:
             self.results.setdefault("errors", {})[label] = err
             return {"error": err.splitlines()[-1]}
         run: dict = {"summary": compact(summary), "idle_before": idle}
-        o = summary["overall"]
-        line = f"{label}: {o['ok']}/{o['requests']} ok, {o['output_throughput_tps']:.1f} out tok/s"
+        o, drain = summary["overall"], summary["meta"].get("drain") or {}
+        line = (
+            f"{label}: {o['ok']}/{o['requests']} ok, {o['cut']} cut, "
+            f"{o['output_throughput_tps']:.1f} out tok/s, drained in {drain.get('waited_s', 0):.1f}s"
+        )
+        if o["cut"]:
+            self.note(f"{label}: {o['cut']} requests cut by the drain's cap (in no attainment)")
         if sc.name in NOISY_TENANTS:
             run["quiet_tenants"] = quiet = quiet_tenants(sc.name, [t.id for t in sc.tenants])
             run["quiet_ttft_p99_s"] = quiet_ttft_p99(result.records, quiet)
@@ -190,16 +227,6 @@ def summarize_at_capacity(out: Path, sc: Scenario, url: str, result, plan: Polic
     return summary
 
 
-def commit() -> str | None:
-    """HEAD of this checkout; a copy without .git (the device's) says so in ``FAIRLANE_COMMIT``."""
-    git = ["git", "rev-parse", "HEAD"]
-    try:
-        got = subprocess.run(git, cwd=REPO_ROOT, capture_output=True, text=True, check=False).stdout
-    except OSError:  # no git on the machine
-        got = ""
-    return got.strip() or os.environ.get("FAIRLANE_COMMIT")
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="fcfs, vtc and fairlane on the same seeded traces (issue 23).")
     ap.add_argument("--out", type=Path, required=True, help="Folder for results.json and table.txt.")
@@ -210,28 +237,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--policies", help="Comma-separated, of fcfs,vtc,fairlane (fairlane runs first).")
     ap.add_argument("--scenarios", help="Comma-separated scenarios at 1.5x capacity.")
     ap.add_argument("--duration-s", type=float, help="Seconds of load per run.")
-    ap.add_argument("--drain-s", type=float, help="Seconds a run's requests get to end after its load.")
+    ap.add_argument("--drain-s", type=float, help="A cap on each run's drain (default: the budget's only).")
     ap.add_argument("--answer-scale", type=float, help="Answer lengths x this (GPU default 20).")
     ap.add_argument("--window-s", type=float, help="Fairness window in seconds (GPU default 5).")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE: an AppConfig override.")
     ap.add_argument("--client-procs", type=int, help="Load generator processes (GPU default 4).")
     return ap
-
-
-def client_url(cfg: AppConfig, proxy_url: str) -> str:
-    """Where the load goes: the proxy, or with direct ingress the router's own port (no proxy hop)."""
-    if not cfg.direct_ingress:
-        return proxy_url
-    from cluster.ops.direct_ingress import router_urls
-    from cluster.ops.local_cluster import APP_NAME
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        urls = router_urls(APP_NAME, cfg.host)
-        if urls:
-            return urls[0]
-        time.sleep(0.5)
-    raise RuntimeError("direct ingress: no router URL published")
 
 
 def pick_plan(args: argparse.Namespace) -> PolicyPlan:
@@ -244,7 +255,7 @@ def pick_plan(args: argparse.Namespace) -> PolicyPlan:
         "policies": None if args.policies is None else split(args.policies),
         "scenarios": None if args.scenarios is None else split(args.scenarios),
         "duration_s": args.duration_s,
-        "drain_s": args.drain_s,
+        "drain_cap_s": args.drain_s,
         "answer_scale": args.answer_scale,
         "window_s": args.window_s,
         "settings": tuple(app_setting(s) for s in args.set) or None,

@@ -2,9 +2,13 @@
 # fcfs, vtc and fairlane on the same seeded traces (issue 23) on the lent GPU machine, in one
 # command from the repo root:
 #
-#   bash bench/policy_run.sh "$OUT"                       # Llama-3.1-8B shape, one H200 (~9 min)
-#   bash bench/policy_run.sh OUTDIR --smoke               # SmolLM2 random weights on the CPU (~5 min)
-#   bash bench/policy_run.sh "$OUT" --capacity-tps 13839 --budget-s 530 --duration-s 40
+#   bash bench/policy_run.sh "$OUT"                       # Llama-3.1-8B shape, one H200 (<= 9 min)
+#   bash bench/policy_run.sh OUTDIR --smoke               # SmolLM2 random weights on the CPU
+#   bash bench/policy_run.sh "$OUT" --capacity-tps 13839 --budget-s 540 --duration-s 20
+#
+# Each run's load is drained to its last request (loadtest/drain.py); the phases are fitted to
+# --budget-s first (bench/policy_schedule.py) and what does not fit is skipped and said: in
+# results.json's "skipped" and the table's "skipped" rows.
 #
 # Unpacks .device/pyextra.tar.xz (Ray Serve and the cluster's other packages; made by
 # ../shared/tools/pack-python-for-device.sh) when python3 lacks them and it is not unpacked yet, then runs

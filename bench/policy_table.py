@@ -19,6 +19,7 @@ def cell(value: float | None, unit: str, met: bool | None) -> str:
         "j": f"{value:.4f}",
         "tps": f"{value:,.0f}",
         "ms": f"{value:.1f} ms",
+        "n": f"{value:,.0f}",
     }.get(unit, f"{value:g}")
     return text if met is None else f"{text} {'met' if met else 'missed'}"
 
@@ -29,7 +30,9 @@ def policy_table(results: dict) -> Table:
     rows: list[Row] = target_rows(results)
     solo = results.get("solo", {}).get("quiet_ttft_p99_s")
     title = results.get("title", "dispatch policies")
-    table = Table(title=f"{title}; solo quiet TTFT p99 {cell(solo, 's', None)}")
+    planned, took = results.get("schedule_estimate_s"), results.get("elapsed_s")
+    timing = f"; planned {planned:.0f}s, took {took:.0f}s" if planned and took else ""
+    table = Table(title=f"{title}; solo quiet TTFT p99 {cell(solo, 's', None)}{timing}")
     table.add_column("scenario")
     table.add_column("figure")
     table.add_column("target", justify="right")
@@ -42,6 +45,8 @@ def policy_table(results: dict) -> Table:
         last = r.scenario
         cells = [cell(r.values.get(p), r.unit, r.met.get(p)) for p in policies]
         table.add_row(name, r.label, r.target, *cells, style=style)
+    for skipped in results.get("skipped", []):  # what the budget left out, and why
+        table.add_row("skipped", skipped["phase"], skipped["why"], *("" for _ in policies), style="italic")
     for note in results.get("notes", []):
         table.add_row("note", note, "", *("" for _ in policies), style="italic")
     return table

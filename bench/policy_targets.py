@@ -10,7 +10,11 @@ From each run's load-generator summary (``loadtest.summary``):
   outstanding requests follow its own arrivals, so its windows differ by demand): mean and minimum.
 * mixed-sla at 1.5× capacity: interactive SLA attainment ≥ 99%, and the batch class absorbs the
   loss (its attainment at or below the interactive class's). Attainment here is over requests
-  offered (``attainment_all``: a refused or cancelled request misses).
+  offered (``attainment_all``: a refused request misses).
+
+Every run drains its requests to their end (``loadtest/drain.py``); a request the drain's cap still
+cut has no verdict and is in no attainment: its count is printed beside them (``cut``). Beside the
+TTFT target the rows give TPOT attainment and the whole SLA (TTFT, TPOT and E2E) apart.
 
 Every policy's figures are computed alike; the verdicts that the issue asks of ``fairlane`` are
 printed beside ``vtc``'s and ``fcfs``'s for comparison.
@@ -37,7 +41,7 @@ class Row:
     scenario: str
     label: str
     target: str  # "" for a figure shown for context
-    unit: str  # "s", "%", "x", "j" (an index), "tps"
+    unit: str  # "s", "%", "x", "j" (an index), "tps", "n" (a count)
     values: dict[str, float | None] = field(default_factory=dict)
     met: dict[str, bool | None] = field(default_factory=dict)
 
@@ -129,8 +133,23 @@ def replica_profile_mean(meta: dict, key: str) -> float | None:
 
 
 def within_ttft_attainment(run: dict, cls: str = "interactive") -> float | None:
+    return within_figure(run, "ttft_attainment", cls)
+
+
+def within_figure(run: dict, key: str, cls: str = "interactive") -> float | None:
+    """A figure of the class's within-share side (``attainment_by_share``); None where it is absent."""
     side = run.get("attainment_by_share", {}).get(cls, {}).get("within")
-    return None if side is None else side["ttft_attainment"]
+    return None if side is None else side.get(key)
+
+
+def drain_rows(name: str, runs: dict[str, dict]) -> list[Row]:
+    """How each run ended: requests cut by the drain's cap (in no attainment) and the drain's length."""
+    cut = Row(name, "requests cut by the client's deadline (in no attainment)", "", "n")
+    waited = Row(name, "drain after the load (every admitted request to its end)", "", "s")
+    for policy, run in runs.items():
+        cut.values[policy] = run.get("overall", {}).get("cut")
+        waited.values[policy] = (run.get("meta", {}).get("drain") or {}).get("waited_s")
+    return [cut, waited]
 
 
 def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list[Row]:
@@ -138,6 +157,9 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
     p99 = Row(name, "quiet tenants' TTFT p99", "", "s")
     ratio = Row(name, "quiet TTFT p99 ÷ solo", f"≤ {TTFT_RATIO_MAX:g}×", "x")
     att = Row(name, "interactive TTFT attainment, within share", f"≥ {ATTAINMENT_MIN:.0%}", "%")
+    att_tpot = Row(name, "interactive TPOT attainment, within share", "", "%")
+    att_sla = Row(name, "interactive whole SLA (TTFT, TPOT, E2E) attainment, within share", "", "%")
+    within_cut = Row(name, "interactive within share: cut (in none of the three)", "", "n")
     jmean = Row(name, "Jain, backlogged over-share group (mean)", f"≥ {JAIN_MIN:g}", "j")
     jmin = Row(name, "Jain, backlogged over-share group (min)", f"≥ {JAIN_MIN:g}", "j")
     jall = Row(name, "Jain, every group of ≥ 2 incl. within-share (mean)", "", "j")
@@ -166,8 +188,8 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
             ("gap_ms", "device idle before a step, mean", "ms"),
         )
     }
-    rows = [p99, ratio, att, jmean, jmin, jall, at_router, extra50, extra99, *stages.values(), client, router,
-            gc_client, gc_router, gc_replica, *engine.values()]  # fmt: skip
+    rows = [p99, ratio, att, att_tpot, att_sla, within_cut, jmean, jmin, jall, at_router, extra50, extra99,
+            *stages.values(), client, router, gc_client, gc_router, gc_replica, *engine.values()]  # fmt: skip
     for policy, run in runs.items():
         q = run.get("quiet_ttft_p99_s")
         p99.values[policy] = q
@@ -175,6 +197,9 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
         ratio.values[policy], ratio.met[policy] = r, None if r is None else r <= TTFT_RATIO_MAX
         a = within_ttft_attainment(run)
         att.values[policy], att.met[policy] = a, _ge(a, ATTAINMENT_MIN)
+        att_tpot.values[policy] = within_figure(run, "tpot_attainment")
+        att_sla.values[policy] = within_figure(run, "attainment_all")
+        within_cut.values[policy] = within_figure(run, "cut")
         mean, least = over_share_jain(run)
         jmean.values[policy], jmean.met[policy] = mean, _ge(mean, JAIN_MIN)
         jmin.values[policy], jmin.met[policy] = least, _ge(least, JAIN_MIN)
@@ -194,12 +219,13 @@ def noisy_rows(name: str, runs: dict[str, dict], solo_p99: float | None) -> list
         gc_replica.values[policy] = max(replicas) if replicas else None
         for key, row in engine.items():
             row.values[policy] = replica_profile_mean(meta, key)
-    return [*rows, *tenant_rows(name, runs)]
+    return [*rows, *drain_rows(name, runs), *tenant_rows(name, runs)]
 
 
 def mixed_rows(name: str, runs: dict[str, dict]) -> list[Row]:
     inter = Row(name, "interactive SLA attainment", f"≥ {ATTAINMENT_MIN:.0%}", "%")
     inter_ttft = Row(name, "interactive TTFT attainment", "", "%")
+    inter_tpot = Row(name, "interactive TPOT attainment", "", "%")
     batch = Row(name, "batch SLA attainment", "", "%")
     absorbs = Row(name, "batch absorbs the loss (interactive met, batch ≤ interactive)", "yes", "")
     for policy, run in runs.items():
@@ -208,10 +234,11 @@ def mixed_rows(name: str, runs: dict[str, dict]) -> list[Row]:
         b = classes.get("batch", {}).get("attainment_all")
         inter.values[policy], inter.met[policy] = i, _ge(i, ATTAINMENT_MIN)
         inter_ttft.values[policy] = classes.get("interactive", {}).get("ttft_attainment")
+        inter_tpot.values[policy] = classes.get("interactive", {}).get("tpot_attainment")
         batch.values[policy] = b
         ok = None if i is None or b is None else i >= ATTAINMENT_MIN and b <= i
         absorbs.met[policy] = ok
-    return [inter, inter_ttft, batch, absorbs, *tenant_rows(name, runs)]
+    return [inter, inter_ttft, inter_tpot, batch, absorbs, *drain_rows(name, runs), *tenant_rows(name, runs)]
 
 
 def tenant_rows(name: str, runs: dict[str, dict]) -> list[Row]:

@@ -2,7 +2,7 @@
 
 Each rung runs the scenario scaled by ``start_scale × factor^i`` for a short while and is judged
 against the rungs before it. A rung is saturated when more than ``max_error_fraction`` of its
-requests did not succeed (429s, timeouts, requests the rung's deadline cancelled), when its TTFT
+requests did not succeed (429s, timeouts, requests the rung's deadline cut), when its TTFT
 p99 passes ``max_ttft_p99_s``, or when its output throughput grew less than ``min_growth`` over
 the best rung so far although the offer grew by ``factor`` (the plateau). The sweep stops at the
 first saturated rung. The capacity is the best achieved throughput of any rung: an overloaded
@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loadtest.records import RequestRecord
+from loadtest.records import CUT_ERROR, RequestRecord
 from loadtest.run_dir import write_run
 from loadtest.runner import run_scenario
 from loadtest.scenario import FixedLength, Scenario, load_scenario
@@ -39,7 +39,7 @@ class SweepRule(BaseModel):
     factor: float = Field(default=1.5, gt=1, description="Scale multiplier from one rung to the next.")
     max_steps: int = Field(default=8, gt=0, description="Rungs at most.")
     step_duration_s: float = Field(default=15.0, gt=0, description="Seconds of new requests per rung.")
-    step_drain_s: float = Field(default=5.0, ge=0, description="Wait after a rung before cancelling.")
+    step_drain_s: float = Field(default=5.0, ge=0, description="Cap on a rung's drain; then cut.")
     warmup_fraction: float = Field(default=0.1, ge=0, lt=1, description="Share of a rung left unmeasured.")
     min_growth: float = Field(default=0.1, ge=0, description="Less output growth than this is a plateau.")
     max_ttft_p99_s: float = Field(default=5.0, gt=0, description="A TTFT p99 above this is saturation.")
@@ -58,7 +58,7 @@ class StepResult:
     offered_rps: float  # the scenario's nominal request rate at this scale
     requests: int  # measured (warm-up left out)
     ok: int
-    not_ok: int  # rejected + failed
+    not_ok: int  # rejected + failed + cut by the rung's deadline
     achieved_rps: float  # ok / the measured span (first send to last end)
     achieved_tps: float  # output tok/s by the rule's ``throughput``: over the span, or the load window
     ttft_p50_s: float | None
@@ -121,13 +121,14 @@ def step_result(
         offered_rps=offered_rps(scenario),
         requests=o["requests"],
         ok=o["ok"],
-        not_ok=o["rejected"] + o["failed"],
+        # A request the rung's deadline cut did not finish in the drain: saturation, as a failure is.
+        not_ok=o["rejected"] + o["failed"] + o.get("cut", 0),
         achieved_rps=o["request_throughput_rps"],
         achieved_tps=o["output_throughput_tps"] if window_tps is None else window_tps,
         ttft_p50_s=o["ttft_s"]["p50"],
         ttft_p99_s=o["ttft_s"]["p99"],
         tpot_p50_s=o["tpot_s"]["p50"],
-        errors=summary["errors"],
+        errors=summary["errors"] | ({CUT_ERROR: o["cut"]} if o.get("cut") else {}),
         client_cpu=client_cpu,
     )
 
@@ -163,7 +164,8 @@ def capacity(steps: Sequence[StepResult]) -> dict:
 
 
 def rung(base: Scenario, scale: float, rule: SweepRule) -> Scenario:
-    """The base scenario at ``scale`` for one rung: short, bounded only by its own deadline."""
+    """The base scenario at ``scale`` for one rung: short, its drain capped at ``step_drain_s`` (what
+    the rung's server could not finish by then is cut, and counts toward saturation)."""
     sc = base.scaled(scale, rule.step_duration_s)
     updates = {
         "name": f"{base.name}-x{scale:.3g}",

@@ -1,7 +1,8 @@
 """One streamed request to an OpenAI-compatible endpoint, turned into a ``RequestRecord``.
 
 Every call ends with a status: completion (ok), HTTP error, timeout (the request's own bound),
-connection/stream error, or cancelled (the run's deadline). It never raises for request failures.
+connection/stream error, or cut (the run's drain ended first: ``loadtest/drain.py``). It never raises
+for request failures.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 import httpx
 
-from loadtest.records import RequestRecord
+from loadtest.records import CUT_ERROR, RequestRecord
 
 Clock = Callable[[], float]
 
@@ -101,7 +102,7 @@ async def send(
     except TimeoutError:
         record.status, record.error = "timeout", "client_timeout"
     except asyncio.CancelledError:
-        record.status, record.error = "cancelled", "run_deadline"
+        record.status, record.error = "cut", CUT_ERROR
         record.end = clock()
         raise
     except (httpx.TransportError, json.JSONDecodeError) as exc:

@@ -46,18 +46,22 @@ def percentiles(values: Sequence[float], ps: Iterable[int] = PERCENTILES) -> dic
 
 
 def meets_slo(r: RequestRecord, target: SLAClass) -> bool:
-    """A successful request within its class's TTFT, TPOT (when defined) and E2E targets."""
-    first, total, per_token = ttft(r), e2e(r), tpot(r)
-    if not r.ok or first is None or total is None:
-        return False
-    tpot_ok = per_token is None or per_token <= target.tpot_target_s
-    return first <= target.ttft_target_s and tpot_ok and total <= target.e2e_target_s
+    """The whole SLA: a successful request within its class's TTFT, TPOT (when defined) and E2E targets."""
+    total = e2e(r)
+    met = meets_ttft(r, target) and meets_tpot(r, target)
+    return met and total is not None and total <= target.e2e_target_s
 
 
 def meets_ttft(r: RequestRecord, target: SLAClass) -> bool:
     """A successful request whose first token came within its class's TTFT target."""
     first = ttft(r)
     return r.ok and first is not None and first <= target.ttft_target_s
+
+
+def meets_tpot(r: RequestRecord, target: SLAClass) -> bool:
+    """A successful request within its class's TPOT target; one token has no TPOT, so it meets it."""
+    per_token = tpot(r)
+    return r.ok and (per_token is None or per_token <= target.tpot_target_s)
 
 
 def measured_window(records: Sequence[RequestRecord]) -> float:
@@ -81,37 +85,50 @@ def latency_stats(records: Sequence[RequestRecord]) -> dict[str, dict[str, float
 def group_metrics(records: Sequence[RequestRecord], classes: dict[str, SLAClass], window_s: float) -> dict:
     """Counts, latency percentiles, throughput, goodput and SLA attainment of a set of records.
 
-    Attainment is met / served, where served excludes admission rejections (HTTP 429), as the
-    cluster's own report counts it; ``attainment_all`` divides by every request instead;
-    ``ttft_attainment`` counts the TTFT target alone, over every request (refused ones miss it).
+    A request **cut** by the client's own deadline (``loadtest/drain.py``) ended without a verdict:
+    it is counted in ``cut`` and left out of every attainment's denominator, never a miss.
+    ``sla_attainment`` (the whole SLA: TTFT, TPOT and E2E) is met / served, where served excludes
+    admission rejections (HTTP 429), as the cluster's own report counts it, and cut requests;
+    ``attainment_all`` is the whole SLA over every request but the cut ones (a refused one misses);
+    ``ttft_attainment`` and ``tpot_attainment`` count one target alone, over the same requests.
     """
     ok = [r for r in records if r.ok]
     met = sum(1 for r in ok if meets_slo(r, classes[r.sla_class]))
     ttft_ok = sum(1 for r in ok if meets_ttft(r, classes[r.sla_class]))
-    served = [r for r in records if not r.rejected]
+    tpot_ok = sum(1 for r in ok if meets_tpot(r, classes[r.sla_class]))
+    judged = [r for r in records if not r.cut]
+    served = [r for r in judged if not r.rejected]
+    cut = len(records) - len(judged)
     window = max(window_s, 1e-9)
     return {
         "requests": len(records),
         "ok": len(ok),
-        "rejected": sum(1 for r in records if r.rejected),
+        "rejected": len(judged) - len(served),
         "failed": len(served) - len(ok),
+        "cut": cut,
         "prompt_tokens": sum(r.prompt_tokens for r in ok),
         "output_tokens": sum(r.output_tokens for r in ok),
         "request_throughput_rps": len(ok) / window,
         "output_throughput_tps": sum(r.output_tokens for r in ok) / window,
         "goodput_rps": met / window,
         "slo_met": met,
-        "sla_attainment": met / len(served) if served else None,
-        "attainment_all": met / len(records) if records else None,
-        "ttft_attainment": ttft_ok / len(records) if records else None,
+        "sla_attainment": _share(met, served),
+        "attainment_all": _share(met, judged),
+        "ttft_attainment": _share(ttft_ok, judged),
+        "tpot_attainment": _share(tpot_ok, judged),
     } | latency_stats(records)
 
 
+def _share(met: int, of: Sequence[RequestRecord]) -> float | None:
+    return met / len(of) if of else None
+
+
 def errors_by_type(records: Iterable[RequestRecord]) -> dict[str, int]:
-    """Counts of non-ok endings keyed by the error code (``429:rate_limit_exceeded``, ``client_timeout``)."""
+    """Counts of non-ok endings keyed by the error code (``429:rate_limit_exceeded``, ``client_timeout``);
+    a cut request is not an error (``group_metrics``' ``cut`` counts it)."""
     out: dict[str, int] = {}
     for r in records:
-        if not r.ok:
+        if not r.ok and not r.cut:
             key = r.error or r.status
             out[key] = out.get(key, 0) + 1
     return dict(sorted(out.items()))

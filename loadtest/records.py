@@ -7,8 +7,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
-Status = Literal["ok", "http_error", "timeout", "connection_error", "stream_error", "cancelled"]
+# "cut": the client's own deadline ended the request (the run's drain bound, ``loadtest/drain.py``);
+# "cancelled" is what runs before that status existed wrote for the same thing (read back as cut).
+Status = Literal["ok", "http_error", "timeout", "connection_error", "stream_error", "cut", "cancelled"]
 RECORDS_FILE = "records.jsonl"
+CUT_ERROR = "client_deadline"
+LEGACY_CUT = ("cancelled", "run_deadline")
 
 
 @dataclass(slots=True)
@@ -27,7 +31,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     output_tokens: int = 0
     max_tokens: int = 0
-    status: Status = "cancelled"
+    status: Status = "cut"
     http_status: int | None = None
     error: str | None = None
     server_id: str | None = None
@@ -36,6 +40,12 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def cut(self) -> bool:
+        """Ended by the client's own deadline, not by the server: its SLA outcome is unknown, so it is
+        reported apart and left out of every attainment's denominator (never an SLA miss)."""
+        return self.status == "cut" or (self.status, self.error) == LEGACY_CUT
 
     @property
     def rejected(self) -> bool:

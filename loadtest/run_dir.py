@@ -40,6 +40,7 @@ def write_run(
         "replica_gc": result.server.get("replica_gc"),  # each replica's, since it started
         # each replica's step profile as last polled (its last profile_history steps): holds, gaps
         "replica_profiles": result.server.get("replica_profiles"),
+        "drain": result.drain,  # the drain after the load: its bound, its parts, how long it took
     }
     summary = summarize(
         result.records,

@@ -14,8 +14,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from cluster.telemetry.gc_pauses import PROCESS_GC, freeze_heap, thaw_heap
 from cluster.telemetry.loop_lag import LoopLag
 from loadtest.client import endpoint_path, monotonic_since, request_body, send
+from loadtest.drain import cut_unended, drain_bound
 from loadtest.plan import ClosedLoopSource, PlannedRequest, build_open_plan
-from loadtest.records import RequestRecord
+from loadtest.records import CUT_ERROR, RequestRecord
 from loadtest.replica_poller import ReplicaPoller
 from loadtest.scenario import Scenario, TenantLoad
 
@@ -32,13 +33,16 @@ class RunResult:
     # measures, so a run says whether it was one.
     client_loop_lag: dict = field(default_factory=dict)
     client_gc: dict = field(default_factory=dict)  # this process's collector pauses during the run
+    # The drain after the load (``loadtest/drain.py``): its bound and parts, when the load stopped
+    # (``load_end_s``) and how long the drain took (``waited_s``); this process's requests only.
+    drain: dict = field(default_factory=dict)
 
 
 SPAWN_LEAD_S = 5.0  # run_in_shards: the other processes start Python and import httpx first
 
 
 class Runner:
-    """Sends the scenario's requests; ``run`` returns when all have ended or the deadline hit."""
+    """Sends the scenario's requests; ``run`` returns when all have ended (the drain) or its bound hit."""
 
     def __init__(
         self,
@@ -66,6 +70,7 @@ class Runner:
         self._loads = {t.id: t for t in scenario.tenants}
         self._clock = monotonic_since(time.monotonic())
         self._done = 0
+        self._drain: dict = {}
 
     async def run(self) -> RunResult:
         limits = httpx.Limits(max_connections=self.s.max_in_flight, max_keepalive_connections=64)
@@ -111,9 +116,11 @@ class Runner:
             {k: v for k, v in server.items() if v is not None},
             lag.snapshot(),
             gc_pauses,
+            self._drain,
         )
 
     async def _drive(self, client: httpx.AsyncClient, progress: Progress | None) -> None:
+        """The load (arrivals until ``duration_s``), then the drain: every open request to its end."""
         tasks: set[asyncio.Task] = set()
         workers = [
             asyncio.create_task(
@@ -126,21 +133,29 @@ class Runner:
             )
             if n % self._shards == self._shard
         ]
-        deadline = self.s.duration_s + self.s.drain_timeout_s
-        ticker = asyncio.create_task(self._tick(progress, deadline))
+        ticker = asyncio.create_task(self._tick(progress))
         try:
-            async with asyncio.timeout(deadline):
-                await self._open_loop(client, tasks)
-                await asyncio.gather(*workers, *tasks)
-        except TimeoutError:
-            pass  # the run's deadline: whatever is still in flight is cancelled below and recorded
+            await self._open_loop(client, tasks)
+            if workers:  # closed-loop tenants send until the load's end
+                await asyncio.sleep(max(0.0, self.s.duration_s - self._clock()))
+            await self._drain_open({*workers, *tasks})
         finally:
             for t in (*workers, *tasks):
-                t.cancel()
+                t.cancel()  # only what the drain's bound left open: recorded as cut (``_one``)
             await asyncio.gather(*workers, *tasks, return_exceptions=True)
+            cut_unended(self.records, self._clock())  # tasks cancelled before they ever ran
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
+
+    async def _drain_open(self, tasks: set[asyncio.Task]) -> None:
+        """Wait until every request has ended (the condition, not a fixed time), within the bound."""
+        load_end = self._clock()
+        bound = drain_bound(self.records, self.s)
+        pending = {t for t in tasks if not t.done()}
+        if pending:
+            await asyncio.wait(pending, timeout=bound.seconds)
+        self._drain = bound.as_dict() | {"load_end_s": load_end, "waited_s": self._clock() - load_end}
 
     async def _open_loop(self, client: httpx.AsyncClient, tasks: set[asyncio.Task]) -> None:
         for n, planned in enumerate(build_open_plan(self.s)):
@@ -152,16 +167,20 @@ class Runner:
             if delay > 0:
                 await asyncio.sleep(delay)
             self._budget -= 1
-            tasks.add(asyncio.create_task(self._one(client, planned, planned.at or 0.0)))
+            # The record exists before the task runs: the drain sees it open even if it never started.
+            record = self._record(planned, planned.at or 0.0)
+            tasks.add(asyncio.create_task(self._one(client, planned, record)))
 
     async def _closed_worker(
         self, client: httpx.AsyncClient, load: TenantLoad, source: ClosedLoopSource
     ) -> None:
         while self._clock() < self.s.duration_s and self._budget > 0:
             self._budget -= 1
-            await self._one(client, source.next(), self._clock())
+            planned = source.next()
+            await self._one(client, planned, self._record(planned, self._clock()))
 
-    async def _one(self, client: httpx.AsyncClient, planned: PlannedRequest, scheduled: float) -> None:
+    def _record(self, planned: PlannedRequest, scheduled: float) -> RequestRecord:
+        """The request's record, appended at once so that one never sent is still reported (as cut)."""
         load = self._loads[planned.tenant]
         record = RequestRecord(
             request_id=f"{planned.tenant}-{len(self.records)}"
@@ -174,7 +193,11 @@ class Runner:
             max_tokens=planned.max_tokens,
             warmup=scheduled < self.s.warmup_s,
         )
-        self.records.append(record)  # appended first so a cancelled request is still reported
+        self.records.append(record)
+        return record
+
+    async def _one(self, client: httpx.AsyncClient, planned: PlannedRequest, record: RequestRecord) -> None:
+        load = self._loads[planned.tenant]
         body = request_body(
             self.s.endpoint, self.s.model, planned.prompt, planned.max_tokens, planned.sampling
         )
@@ -191,13 +214,13 @@ class Runner:
                     self._clock,
                 )
         except asyncio.CancelledError:
-            if record.end is None:  # cancelled while waiting for a connection slot
-                record.status, record.error, record.end = "cancelled", "run_deadline", self._clock()
+            if record.end is None:  # cut while waiting for a connection slot
+                record.status, record.error, record.end = "cut", CUT_ERROR, self._clock()
             raise
         finally:
             self._done += 1
 
-    async def _tick(self, progress: Progress | None, deadline: float) -> None:
+    async def _tick(self, progress: Progress | None) -> None:
         if progress is None:
             return
         task = progress.add_task("load", total=self.s.duration_s, sent=0, done=0, failed=0)

@@ -104,7 +104,22 @@ class Scenario(_Strict):
         ),
     )
     request_timeout_s: float = Field(default=120.0, gt=0, description="One request's bound, end to end.")
-    drain_timeout_s: float = Field(default=60.0, ge=0, description="Wait after duration before cancelling.")
+    drain_timeout_s: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "A cap on the drain after duration_s (what is still open then is cut, reported apart); "
+            "None: only the bound loadtest/drain.py computes, long enough for every admitted request."
+        ),
+    )
+    first_token_timeout_s: float = Field(
+        default=180.0,
+        gt=0,
+        description=(
+            "The drain's allowance for a request still without its first token: fairlane's queue_timeout_s "
+            "(60) + first_token_timeout_s (120), after which the server ends such a request itself."
+        ),
+    )
     gpu_dollars_per_hour: float = Field(default=5.0, ge=0, description="Price of one replica-hour.")
     sampling: Literal["mix", "greedy"] = Field(
         default="mix",

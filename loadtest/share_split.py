@@ -93,7 +93,9 @@ def _served_output_tps(records: Sequence[RequestRecord]) -> float:
 def attainment_by_share(
     measured: Sequence[RequestRecord], classes: dict[str, SLAClass], within: dict[str, bool], span_s: float
 ) -> dict:
-    """Per SLA class, the metrics of its within-share tenants' requests and of its over-share ones."""
+    """Per SLA class, the metrics of its within-share tenants' requests and of its over-share ones:
+    ``group_metrics``' keys, so each side has ``ttft_attainment``, ``tpot_attainment``, the whole
+    SLA (``sla_attainment`` of served, ``attainment_all`` of offered) and ``cut`` beside them."""
     out: dict[str, dict] = {}
     for name in sorted({r.sla_class for r in measured}):
         of_class = [r for r in measured if r.sla_class == name]

@@ -44,7 +44,8 @@ def cost(records: Sequence[RequestRecord], replica_seconds: float, dollars_per_h
 
 
 def timeline(records: Sequence[RequestRecord], edges: np.ndarray) -> dict:
-    """Per tenant and window: output tokens/s (by token arrival) and non-ok endings (by end time)."""
+    """Per tenant and window: output tokens/s (by token arrival) and non-ok endings (by end time; a
+    request cut by the client's deadline is not one: the server did not end it)."""
     width = float(edges[1] - edges[0])
     tokens: dict[str, np.ndarray] = {}
     failures: dict[str, np.ndarray] = {}
@@ -55,7 +56,7 @@ def timeline(records: Sequence[RequestRecord], edges: np.ndarray) -> dict:
             per_chunk = r.output_tokens / max(1, len(r.token_times))
             for t in r.token_times:
                 _add(tok, edges, t, per_chunk)
-        elif r.end is not None:
+        elif r.end is not None and not r.cut:
             _add(bad, edges, r.end, 1.0)
     return {
         "edges": [float(e) for e in edges],
@@ -82,6 +83,8 @@ def summarize(
 
     Latency, throughput and attainment leave warm-up requests out; service and the timelines
     count every request (a warm-up request still takes its share of the replica after warm-up).
+    Attainment leaves requests cut by the client's own deadline out too (``cut`` counts them;
+    ``meta["drain"]`` says how the run's drain ended, ``loadtest/drain.py``).
     ``meta["capacity_output_tps"]``, when known, decides which tenants are within their fair
     share (``loadtest/share_split.py``); without it the run's own output throughput stands in.
     """

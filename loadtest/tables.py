@@ -24,11 +24,17 @@ def num(v: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def outcomes(g: dict) -> str:
+    """ok/429/err/cut: cut = ended by the client's own deadline, in no attainment (summaries written
+    before the drain counted those among the errors and have no ``cut``)."""
+    return f"{g['ok']}/{g['rejected']}/{g['failed']}/{g.get('cut', 0)}"
+
+
 TENANT_COLUMNS = (
     "tenant",
     "class",
     "req",
-    "ok/429/err",
+    "ok/429/err/cut",
     "TTFT p50/p90/p99",
     "TPOT p50/p99",
     "ITL p50",
@@ -46,7 +52,7 @@ def _row(name: str, cls: str, g: dict, dollars: float | None) -> list[str]:
         name,
         cls,
         str(g["requests"]),
-        f"{g['ok']}/{g['rejected']}/{g['failed']}",
+        outcomes(g),
         f"{dur(t['p50'])}/{dur(t['p90'])}/{dur(t['p99'])}",
         f"{dur(p['p50'])}/{dur(p['p99'])}",
         dur(g["itl_s"]["p50"]),
@@ -94,10 +100,18 @@ def fairness_table(summary: dict) -> Table:
         ("GPU dollars", num(c["dollars"], "{:.5f}")),
         ("dollars per successful response", num(c["dollars_per_success"], "{:.6f}")),
         ("errors", ", ".join(f"{k}: {v}" for k, v in summary["errors"].items()) or "none"),
+        ("cut by the client's deadline (in no attainment)", str(summary["overall"].get("cut", "-"))),
+        ("drain after the load (s waited / bound)", drain_text(summary["meta"].get("drain"))),
     ]
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def drain_text(drain: dict | None) -> str:
+    if not drain:
+        return "-"
+    return f"{drain['waited_s']:.1f} / {drain['seconds']:.1f}" + (" (capped)" if drain.get("capped") else "")
 
 
 def share_table(summary: dict) -> Table | None:
@@ -110,7 +124,9 @@ def share_table(summary: dict) -> Table | None:
         title=f"within / over fair share (capacity {num(cap, '{:,.1f}')} out tok/s: "
         f"{split.get('capacity_source', '-')}; offered {num(split.get('offered_over_capacity'))}× it)"
     )
-    for col in ("class", "share", "tenants", "req", "ok/429/err", "TTFT p99", "TTFT met", "SLA met"):
+    columns = ("class", "share", "tenants", "req", "ok/429/err/cut", "TTFT p99", "TTFT met", "TPOT met",
+               "SLA met", "cut")  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="left" if col in ("class", "share", "tenants") else "right")
     for cls, sides in by_share.items():
         for side, g in sides.items():
@@ -119,10 +135,12 @@ def share_table(summary: dict) -> Table | None:
                 side,
                 ", ".join(g["tenants"]),
                 str(g["requests"]),
-                f"{g['ok']}/{g['rejected']}/{g['failed']}",
+                outcomes(g),
                 dur(g["ttft_s"]["p99"]),
                 pct(g.get("ttft_attainment")),
+                pct(g.get("tpot_attainment")),
                 pct(g["sla_attainment"]),
+                str(g.get("cut", "-")),
             )
     return table
 

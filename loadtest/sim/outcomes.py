@@ -1,4 +1,4 @@
-"""Per-request outcomes and per-tenant service samples, in flat arrays (1M requests fit easily)."""
+"""Per-request outcomes and per-tenant backlog samples, in flat arrays (1M requests fit easily)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ class Outcomes:
 
 
 @dataclass(slots=True)
-class ServiceSampler:
-    """Cumulative weighted service (input + 2 × output tokens) and backlog per tenant, sampled.
+class BacklogSampler:
+    """Which tenants were backlogged, sampled (service is not sampled here: ``service_curve.py``
+    computes the service each tenant *received* from the outcomes, as the fairness bound counts it).
 
-    Service is counted where the queue charges it: prompt at dispatch, output at completion.
     ``backlogged[j][k]``: tenant ``k`` had a request waiting at every instant from sample ``j − 1``
     to sample ``j`` (its queue never emptied in between). A tenant that empties between two samples
     is lifted when it returns (no banked credit), so a sample-instant test would count it as
@@ -49,15 +49,12 @@ class ServiceSampler:
     """
 
     tenants: int
-    service: list[float] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
-    samples: list[np.ndarray] = field(default_factory=list)
     backlogged: list[np.ndarray] = field(default_factory=list)
     _emptied: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.service = [0.0] * self.tenants
         self.waiting = [0] * self.tenants
 
     def enqueued(self, k: int) -> None:
@@ -70,14 +67,14 @@ class ServiceSampler:
 
     def sample(self, now: float) -> None:
         self.times.append(now)
-        self.samples.append(np.array(self.service))
         held = np.array(self.waiting) > 0
         if self._emptied:
             held[list(self._emptied)] = False
         self.backlogged.append(held)
         self._emptied = set()
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sample times and ``[sample, tenant]`` backlogged through the interval ending there."""
         if not self.times:
-            return np.zeros(0), np.zeros((0, self.tenants)), np.zeros((0, self.tenants), dtype=bool)
-        return np.array(self.times), np.vstack(self.samples), np.vstack(self.backlogged)
+            return np.zeros(0), np.zeros((0, self.tenants), dtype=bool)
+        return np.array(self.times), np.vstack(self.backlogged)

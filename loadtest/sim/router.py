@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from cluster.routing.dispatcher import Dispatcher, DispatchSlot
 from loadtest.sim.events import EventLoop
-from loadtest.sim.outcomes import LIMIT, QUEUE_FULL, QUEUE_TIMEOUT, QUOTA, Outcomes, ServiceSampler
+from loadtest.sim.outcomes import LIMIT, QUEUE_FULL, QUEUE_TIMEOUT, QUOTA, BacklogSampler, Outcomes
 from loadtest.sim.pool import ReplicaPool
 from loadtest.sim.replica import Job, SimReplica
 from loadtest.sim.replica_choice import Chooser
@@ -61,7 +61,7 @@ class SimRouter:
         chooser: Chooser,
         pool: ReplicaPool,
         outcomes: Outcomes,
-        sampler: ServiceSampler,
+        sampler: BacklogSampler,
         max_ongoing: int,
         queue_timeout_s: float,
         dispatch_latency_s: float = 0.0,
@@ -139,7 +139,6 @@ class SimRouter:
         tenant = self._trace.tenant[i]
         self.waiting[tenant] -= 1
         self._sampler.dequeued(tenant)
-        self._sampler.service[tenant] += request.prompt_tokens / self._trace.tenants[tenant].weight
         self._slots[i] = DispatchSlot(request, d)
         self._outcomes.dispatched[i] = self._loop.now
         replica = self._chooser.choose(self._pool.ready, self._max_ongoing)
@@ -154,11 +153,9 @@ class SimRouter:
 
     def finished(self, job: Job, now: float) -> None:
         i = job.rid
-        tenant = self._trace.tenant[i]
         c = self._client_s
         self._outcomes.done(i, job.first_token + c, now + c, job.output, job.replica)
         self._chooser.changed(self._pool.by_index(job.replica))
-        self._sampler.service[tenant] += 2 * job.output / self._trace.tenants[tenant].weight
         self._end_lease(i, job.output)
         self.in_system -= 1
         self._slots.pop(i).release(job.output)

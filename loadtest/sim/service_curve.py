@@ -1,10 +1,13 @@
-"""Weighted service each tenant has *received* by each sample time, from the request outcomes.
+"""Settled service: the weighted tokens each tenant has *received* by each sample time, from the
+request outcomes; the within-tier gap and Jain's index (``summary.py``) are taken over it.
 
-The load generator's definition (``loadtest/fairness.py``): a request's prompt counts (× 1) when its
-first token arrives (prefill done), its output (× 2) as it streams; the simulator does not time
-tokens one by one, so output accrues linearly from first token to end. Divided by the tenant's
-weight. This is what tenants get, whatever the queue charges when: the fair queue charges a
-reservation at dispatch, so its counters run ahead of delivery by the work in flight.
+The load generator's definition (``loadtest/fairness.py``) and VTC's (the service a client received
+in an interval, which its fairness bound holds to): a request's prompt counts (× 1) when its first
+token arrives (prefill done), its output (× 2) as it streams; the simulator does not time tokens one
+by one, so output accrues linearly from first token to end. Divided by the tenant's weight. Work
+dispatched but not yet received is not counted: the fair queue charges a reservation at dispatch,
+so its counters run ahead of delivery by the work in flight, and a gap over those charges would
+measure the order of dispatch, not what tenants got. A failed request delivers nothing.
 """
 
 from __future__ import annotations

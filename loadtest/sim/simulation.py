@@ -1,4 +1,4 @@
-"""One simulated run: a trace, a policy, a cluster → outcomes, service samples, replica-seconds."""
+"""One simulated run: a trace, a policy, a cluster → outcomes, backlog samples, replica-seconds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 from loadtest.sim.autoscaler import Autoscaler
 from loadtest.sim.events import EventLoop
 from loadtest.sim.multi_router import router_picker, start_counter_exchange, tenant_picker
-from loadtest.sim.outcomes import Outcomes, ServiceSampler
+from loadtest.sim.outcomes import BacklogSampler, Outcomes
 from loadtest.sim.pool import ReplicaPool
 from loadtest.sim.queues import make_queue
 from loadtest.sim.replica import Job, ReplicaSpec
@@ -27,7 +27,7 @@ from tenancy import MemoryQuotaStore, QuotaManager, TenancyConfig
 class RunResult:
     policy: PolicySpec
     outcomes: Outcomes
-    sampler: ServiceSampler
+    sampler: BacklogSampler
     replica_seconds: float
     end_time: float
     events: int
@@ -48,7 +48,7 @@ def simulate(
     """``assign(i)``: the router request ``i`` reaches (tests); default ``cluster.router_choice``."""
     started = time.perf_counter()
     loop = EventLoop()
-    outcomes, sampler = Outcomes(len(trace)), ServiceSampler(len(trace.tenants))
+    outcomes, sampler = Outcomes(len(trace)), BacklogSampler(len(trace.tenants))
     # One quota store for every router: the cluster's Redis store, so bounds hold across routers.
     store = MemoryQuotaStore(clock=loop.clock) if policy.quotas else None
     spec = ReplicaSpec(
@@ -124,7 +124,7 @@ def _router(
     store: MemoryQuotaStore | None,
     pool: ReplicaPool,
     outcomes: Outcomes,
-    sampler: ServiceSampler,
+    sampler: BacklogSampler,
 ) -> SimRouter:
     """One router: its own fair queue, dispatcher (its share of the room) and replica choice."""
     from cluster.routing.dispatcher import Dispatcher

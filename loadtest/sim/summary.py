@@ -95,13 +95,15 @@ def _ratio(met: np.ndarray, of: np.ndarray) -> float | None:
 
 
 FAIRNESS_DEFINITIONS = {
-    "service": "weighted tokens received: prompt × 1 at the first token, output × 2 spread from first "
-    "token to end, divided by the tenant's weight",
+    "service": "settled service: the weighted tokens a tenant has received by a sample time, prompt × 1 "
+    "once its first token arrived, output × 2 as it streamed (spread from first token to end), divided by "
+    "the tenant's weight; not the work dispatched and still in flight, which the fair queue's counters "
+    "charge ahead of delivery (VTC's bound, docs/tenancy.md, is on service received)",
     "backlogged": "the tenant had a request waiting in the fair queue at every instant of the window "
     "(a tenant whose queue empties is lifted on return and banks no credit)",
     "group": "tenants of one SLA class (tier) and one weight; fairness is only promised within it",
-    "max_service_gap": "largest max−min of service received over a window by the tenants of one group "
-    "backlogged throughout it (windows of 30, 120, 600 s on the 5-s sample grid)",
+    "max_service_gap": "largest max−min of settled service received over a window by the tenants of one "
+    "group backlogged throughout it (windows of 30, 120, 600 s on the 5-s sample grid)",
     "jain": "Jain's index (Σx)²/(n·Σx²) of the service received in one 30-s window by the tenants of "
     "one group backlogged throughout it; mean and minimum over windows and groups with ≥ 2 tenants",
     "vtc_bound": "docs/tenancy.md: service gap <= 4·S + 8·M weighted tokens (S: largest request, "
@@ -112,7 +114,7 @@ FAIRNESS_DEFINITIONS = {
 
 
 def fairness(trace: Trace, run: RunResult) -> dict:
-    times, _, backlog = run.sampler.arrays()
+    times, backlog = run.sampler.arrays()
     if len(times) < 2:
         return {"jain": None, "max_service_gap": None, "groups_compared": 0}
     service = delivered_service(trace, run.outcomes, times)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from rich.console import Console
 
 from bench.policy_plan import GPU, at_capacity, solo_of
 from bench.policy_run import parser, pick_plan
+from bench.policy_schedule import build_schedule, drain_cap_s
 from bench.policy_table import cell, policy_table
 from bench.policy_targets import (
     mixed_rows,
@@ -37,9 +40,20 @@ def noisy_run(quiet_p99: float, within_ttft: float, jains: tuple[float, float]) 
         "tenants": {t: tenant("batch" if not w else "interactive", w) for t, w in within.items()},
         "fair_share": {"tenants": {t: {"within_share": w} for t, w in within.items()}},
         "fairness": {"groups": groups, "jain_backlogged_mean": 0.7},
-        "attainment_by_share": {"interactive": {"within": {"ttft_attainment": within_ttft}}},
+        "attainment_by_share": {
+            "interactive": {
+                "within": {
+                    "ttft_attainment": within_ttft,
+                    "tpot_attainment": 0.9,
+                    "attainment_all": 0.8,
+                    "cut": 2,
+                }
+            }
+        },
+        "overall": {"cut": 5},
         "quiet_ttft_p99_s": quiet_p99,
         "meta": {
+            "drain": {"waited_s": 12.5, "seconds": 60.0},
             "client_loop_lag_ms": {"p99_ms": 56.8},
             "router_loop_lag_ms": {"p99_ms": 22.0},
             "client_gc": {"max_ms": 3.5},
@@ -69,6 +83,12 @@ def test_noisy_targets_per_policy() -> None:
     assert ratio.values == pytest.approx({"fairlane": 1.2, "fcfs": 6.0})
     assert ratio.met == {"fairlane": True, "fcfs": False}
     assert rows["interactive TTFT attainment, within share"].met == {"fairlane": True, "fcfs": False}
+    # TPOT and the whole SLA apart, for context, and what the drain's cap cut beside them
+    assert rows["interactive TPOT attainment, within share"].values["fairlane"] == 0.9
+    assert rows["interactive whole SLA (TTFT, TPOT, E2E) attainment, within share"].values["fcfs"] == 0.8
+    assert rows["interactive within share: cut (in none of the three)"].values["fairlane"] == 2
+    assert rows["requests cut by the client's deadline (in no attainment)"].values["fcfs"] == 5
+    assert rows["drain after the load (every admitted request to its end)"].values["fairlane"] == 12.5
     # Jain over the over-share group only (the quiet pair's 0.5 is their own demand's).
     assert rows["Jain, backlogged over-share group (mean)"].met == {"fairlane": True, "fcfs": True}
     assert rows["Jain, backlogged over-share group (min)"].values["fcfs"] == pytest.approx(0.98)
@@ -106,11 +126,14 @@ def test_noisy_targets_without_solo_or_groups_are_undecided() -> None:
 
 def test_mixed_sla_interactive_met_and_batch_absorbs() -> None:
     def run(i: float, b: float) -> dict:
-        return {"classes": {"interactive": {"attainment_all": i, "ttft_attainment": i},
-                            "batch": {"attainment_all": b}}, "tenants": {}}  # fmt: skip
+        inter = {"attainment_all": i, "ttft_attainment": i, "tpot_attainment": 1.0}
+        return {"classes": {"interactive": inter, "batch": {"attainment_all": b}}, "tenants": {},
+                "overall": {"cut": 3}}  # fmt: skip
 
     rows = {r.label: r for r in mixed_rows("m", {"fairlane": run(0.995, 0.6), "fcfs": run(0.7, 0.9)})}
     assert rows["interactive SLA attainment"].met == {"fairlane": True, "fcfs": False}
+    assert rows["interactive TPOT attainment"].values == {"fairlane": 1.0, "fcfs": 1.0}
+    assert rows["requests cut by the client's deadline (in no attainment)"].values["fcfs"] == 3
     absorbs = rows["batch absorbs the loss (interactive met, batch ≤ interactive)"]
     assert absorbs.met == {"fairlane": True, "fcfs": False}
 
@@ -122,14 +145,20 @@ def test_table_prints_every_policy_with_met_or_missed() -> None:
                                                         "quiet_ttft_p99_s": 0.6}},
                  "fcfs": {"noisy-neighbour-pairs": {"skipped": "10s of the budget left"}}},
         "solo": {"quiet_ttft_p99_s": 0.5},
-        "notes": ["fcfs/noisy-neighbour-pairs: skipped, 10s of the budget left"],
+        "skipped": [{"phase": "fcfs/noisy-neighbour-pairs", "why": "10s of the budget left"}],
+        "notes": [],
     }  # fmt: skip
-    # 6 targets and context, 3 of the quiet split, 2 loop lags, 3 collectors, 3 of the engine, 3 per tenant
-    assert len(target_rows(results)) == 21 + 3 * 4
+    # 9 targets and context, 3 of the quiet split, 2 loop lags, 3 collectors, 3 of the engine, 2 of the
+    # drain, 3 per tenant
+    assert len(target_rows(results)) == 26 + 3 * 4
     console = Console(width=200, record=True)
     console.print(policy_table(results))
     text = console.export_text()
-    assert "1.20× met" in text and "fcfs" in text and "skipped" in text
+    assert "1.20× met" in text and "fcfs" in text
+    assert any(
+        "skipped" in ln and "fcfs/noisy-neighbour-pairs" in ln and "10s of the" in ln
+        for ln in text.splitlines()
+    )
     assert cell(None, "%", None) == "-" and cell(0.5, "%", False) == "50.0% missed"
 
 
@@ -185,3 +214,35 @@ def test_quiet_split_matches_client_records_to_the_routers_by_response_id() -> N
     assert split["client_extra_p50_s"] == pytest.approx((0.20 + 0.01) / 2)
     assert split["client_extra_p99_s"] == pytest.approx(0.01 + 0.99 * 0.19)
     assert quiet_split(records, None, ["a"])["matched"] == 0  # a run folder without server timings
+
+
+def test_the_gpu_plan_runs_both_scenarios_under_all_three_policies_within_nine_minutes() -> None:
+    """The schedule's estimates (start ~75 s, redeploys ~40 s, each run its load + full drain) fit 540 s
+    with nothing left out; at 40 s of load they would not, and the solo run then goes first, then the
+    last policy's runs backwards, its redeploy with them; every drop says why."""
+    schedule = build_schedule(GPU)
+    labels = [p.label for p in schedule.phases]
+    assert schedule.skipped == () and schedule.total_s() <= 540.0
+    assert (
+        len([p for p in schedule.phases if p.kind == "run"]) == 6 and "solo/noisy-neighbour-pairs" in labels
+    )
+    assert labels[0] == "start (fairlane)" and labels[-1] == "stop" and labels.count("redeploy (vtc)") == 1
+    longer = build_schedule(replace(GPU, duration_s=40.0))
+    assert [label for label, _ in longer.skipped] == [
+        "solo/noisy-neighbour-pairs", "fcfs/mixed-sla", "fcfs/noisy-neighbour-pairs", "redeploy (fcfs)"
+    ]  # fmt: skip
+    assert longer.total_s() <= 540.0 and "budget" in longer.skipped[0][1]
+
+
+def test_a_runs_drain_is_planned_from_its_backlog_and_capped_by_what_later_phases_need() -> None:
+    sc = at_capacity("mixed-sla", GPU, "m")
+    # 1.5x capacity: half the load's length in backlog (x 1.25 slack), then 960 tokens at 12 ms
+    assert GPU.drain_estimate_s(sc) == pytest.approx(0.5 * 20.0 * 1.25 + 960 * 0.012)
+    assert GPU.drain_estimate_s(solo_of(at_capacity("noisy-neighbour-pairs", GPU, "m"))) == pytest.approx(
+        480 * 0.012
+    )
+    schedule = build_schedule(GPU)
+    last = next(p for p in schedule.phases if p.label == "fcfs/mixed-sla")
+    assert drain_cap_s(GPU, schedule, last, sc, left_s=200.0) == pytest.approx(200.0 - 20.0 - 10.0 - 15.0)
+    assert drain_cap_s(GPU, schedule, last, sc, left_s=10.0) == pytest.approx(GPU.drain_estimate_s(sc))
+    assert drain_cap_s(replace(GPU, drain_cap_s=8.0), schedule, last, sc, left_s=200.0) == 8.0

@@ -1,7 +1,8 @@
 """A tiny OpenAI-compatible SSE server on loopback (uvicorn in a thread) with scripted behaviours.
 
 The API key picks the behaviour, so one server covers every client-bound test:
-``ok`` streams tokens every ``TOKEN_GAP_S``; ``slow`` stalls longer than any test's timeout;
+``ok`` streams tokens every ``TOKEN_GAP_S``; ``long`` every ``LONG_TOKEN_GAP_S`` (an answer that outlasts
+the load); ``slow`` stalls longer than any test's timeout;
 ``reject`` answers 429; ``boom`` answers 500; ``broken`` sends a stream error event; ``capped``
 streams like ``ok`` after holding the server alone for ``CAPPED_HOLD_S`` (one request at a time),
 so the server's capacity is 1 / ``CAPPED_HOLD_S`` requests per second (the capacity sweep's test).
@@ -25,6 +26,7 @@ from starlette.routing import Route
 from tests.redis_server import free_port
 
 TOKEN_GAP_S = 0.01
+LONG_TOKEN_GAP_S = 0.1
 FIRST_TOKEN_DELAY_S = 0.02
 CAPPED_HOLD_S = 0.05
 
@@ -34,11 +36,11 @@ def _chunk(text: str) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
 
-async def _tokens(n: int, prompt_tokens: int):
+async def _tokens(n: int, prompt_tokens: int, gap_s: float = TOKEN_GAP_S):
     await asyncio.sleep(FIRST_TOKEN_DELAY_S)
     for i in range(n):
         yield _chunk(f"t{i} ")
-        await asyncio.sleep(TOKEN_GAP_S)
+        await asyncio.sleep(gap_s)
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
     yield f"data: {json.dumps({'id': 'chatcmpl-fake', 'choices': [], 'usage': usage})}\n\n".encode()
     yield b"data: [DONE]\n\n"
@@ -83,6 +85,8 @@ def make_app(state: FakeState) -> Starlette:
         stream = {"slow": _stall, "broken": _broken}.get(behaviour)
         if behaviour == "capped":
             gen = _capped(gate, body["max_tokens"], prompt_tokens)
+        elif behaviour == "long":
+            gen = _tokens(body["max_tokens"], prompt_tokens, LONG_TOKEN_GAP_S)
         else:
             gen = stream() if stream else _tokens(body["max_tokens"], prompt_tokens)
         return StreamingResponse(_counted(state, gen), media_type="text/event-stream")

@@ -7,8 +7,14 @@ import time
 
 import pytest
 
+from loadtest.metrics import errors_by_type, group_metrics
 from loadtest.runner import run_scenario
 from loadtest.scenario import Scenario
+from tenancy import SLAClass
+from tests.loadtest.fake_server import LONG_TOKEN_GAP_S
+
+CLASSES = {"standard": SLAClass(name="standard", priority_tier=1, ttft_target_s=1.0, tpot_target_s=0.5,
+                                e2e_target_s=10.0)}  # fmt: skip
 
 
 def _scenario(tenants: list[dict], **kw) -> Scenario:
@@ -72,15 +78,50 @@ def test_closed_loop_keeps_its_concurrency(fake) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_the_run_deadline_cancels_what_is_left(fake) -> None:
+def test_a_request_still_streaming_at_the_loads_end_is_drained_and_completes(fake) -> None:
+    """Answers of 1.5 s against 1 s of load: the run waits until every one has ended (the condition,
+    far sooner than the bound), and counts them as completed; nothing is cut."""
+    url, _ = fake
+    answer_s = 15 * LONG_TOKEN_GAP_S
+    scenario = _scenario(
+        [
+            _tenant("l", "long", rate=4.0, output={"kind": "fixed", "tokens": 15}),
+            _tenant("c", "long", concurrency=1),
+        ],
+        duration_s=1.0,
+        request_timeout_s=30.0,
+        drain_timeout_s=None,
+    )
+    start = time.monotonic()
+    result = run_scenario(scenario, url, show_progress=False)
+    took = time.monotonic() - start
+    streaming = [r for r in result.records if r.first_token is not None and r.first_token < 1.0 < r.end]
+    assert streaming  # some answers were mid-stream when the load stopped; all of them ended
+    assert all(r.status == "ok" and r.output_tokens == len(r.token_times) for r in result.records)
+    assert any(r.tenant == "c" and r.end > 1.0 for r in result.records)  # the closed loop's, drained too
+    drain = result.drain
+    assert drain["open_requests"] >= len(streaming) and not drain["capped"]
+    assert drain["waited_s"] < answer_s + 1.0 < drain["seconds"]  # the condition ended it, not the bound
+    assert took < 1.0 + answer_s + 3.0
+    g = group_metrics(result.records, CLASSES, 2.5)
+    assert (g["ok"], g["cut"], g["failed"]) == (len(result.records), 0, 0)
+
+
+@pytest.mark.timeout(30)
+def test_the_drain_cap_cuts_what_is_left_and_no_attainment_counts_it(fake) -> None:
     url, _ = fake
     scenario = _scenario([_tenant("s", "slow", rate=4.0)], request_timeout_s=30.0, drain_timeout_s=0.5)
     start = time.monotonic()
     result = run_scenario(scenario, url, show_progress=False)
     took = time.monotonic() - start
-    assert took < 2.0 + 0.5 + 2.0  # duration + drain + slack for set-up and cancellation
-    assert result.records and all(r.status == "cancelled" for r in result.records)
-    assert all(r.error == "run_deadline" and r.end is not None for r in result.records)
+    assert took < 2.0 + 0.5 + 2.0  # duration + drain cap + slack for set-up and cancellation
+    assert result.records and all(r.cut and r.status == "cut" for r in result.records)
+    assert all(r.error == "client_deadline" and r.end is not None for r in result.records)
+    assert result.drain["capped"] and result.drain["seconds"] == 0.5
+    g = group_metrics(result.records, CLASSES, 2.5)
+    assert g["cut"] == len(result.records) and g["failed"] == 0 and g["rejected"] == 0
+    assert g["sla_attainment"] is None and g["ttft_attainment"] is None  # no verdict, so no miss
+    assert errors_by_type(result.records) == {}  # not an error either
 
 
 def test_several_client_processes_send_the_same_plan_as_one(fake) -> None:

@@ -72,3 +72,26 @@ def test_errors_are_counted_by_type() -> None:
         rec(tokens=(0.1,)),
     ]
     assert errors_by_type(records) == {"429:rate_limit_exceeded": 2, "client_timeout": 1}
+
+
+def test_ttft_tpot_and_whole_sla_attainment_are_apart_and_a_cut_request_is_in_none() -> None:
+    """FAST: TTFT 1 s, TPOT 0.1 s, E2E 5 s. Five requests judged (four served, one refused), two cut."""
+    long_answer = tuple(0.5 + 0.09 * i for i in range(60))  # TTFT .5, TPOT .09, E2E 5.81
+    records = [
+        rec("a", 0.0, (0.5, 0.6, 0.7)),  # all three met
+        rec("a", 1.0, (3.0, 3.05)),  # TTFT 2.0 missed; TPOT .05 met
+        rec("a", 2.0, (2.5, 3.0, 3.5)),  # TTFT .5 met; TPOT .5 missed
+        rec("a", 0.0, long_answer),  # TTFT and TPOT met; E2E 5.81 missed: the whole SLA missed
+        rec("a", 3.0, status="http_error", http_status=429, error="429:rate_limit_exceeded", end=3.01),
+        rec(
+            "a", 4.0, (4.2,), status="cut", error="client_deadline", end=9.0
+        ),  # first token in time: still none
+        rec("a", 5.0, status="cancelled", error="run_deadline", end=9.0),  # an older run's cut
+    ]
+    g = group_metrics(records, CLASSES, window_s=10.0)
+    assert (g["requests"], g["ok"], g["rejected"], g["failed"], g["cut"]) == (7, 4, 1, 0, 2)
+    assert g["ttft_attainment"] == pytest.approx(3 / 5)  # of the five judged: the refusal misses
+    assert g["tpot_attainment"] == pytest.approx(3 / 5)
+    assert g["attainment_all"] == pytest.approx(1 / 5)  # the whole SLA, of the five judged
+    assert g["sla_attainment"] == pytest.approx(1 / 4)  # the whole SLA, of the four served
+    assert errors_by_type(records) == {"429:rate_limit_exceeded": 1}  # a cut request is not an error

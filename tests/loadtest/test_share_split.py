@@ -67,6 +67,22 @@ def test_attainment_is_split_by_share_within_a_class() -> None:
     assert "over" not in got["batch"]
 
 
+def test_each_side_has_ttft_tpot_and_whole_sla_attainment_with_its_cut_count_beside() -> None:
+    # a (within) gains a request with TPOT 0.6 > 0.5 (TTFT met) and one cut by the drain's cap.
+    recs = [
+        *offered(),
+        rec("a", 1.0, (1.2, 1.8)),
+        rec("a", 2.0, (2.1,), status="cut", error="client_deadline"),
+    ]
+    side = attainment_by_share(recs, CLASSES, {"a": True, "b": False, "c": True}, 10.0)["interactive"][
+        "within"
+    ]
+    assert side["cut"] == 1 and side["requests"] == 3
+    assert side["ttft_attainment"] == pytest.approx(1.0)  # of the two judged
+    assert side["tpot_attainment"] == pytest.approx(0.5)
+    assert side["sla_attainment"] == pytest.approx(0.5) and side["attainment_all"] == pytest.approx(0.5)
+
+
 def test_summary_carries_the_split_with_the_given_capacity() -> None:
     meta = {"duration_s": 10.0, "scenario": "t", "capacity_output_tps": 20.0}
     s = summarize(offered(), [FAST, SLOW], meta, replica_seconds=10.0, dollars_per_hour=1.0, window_s=2.0)

@@ -1,4 +1,5 @@
-"""The simulator's fairness figures by hand: service received, backlog through a window, fair share."""
+"""The simulator's fairness figures by hand: settled service (received), backlog through a window,
+fair share, and the within-tier gap over settled service."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import numpy as np
 import pytest
 
 from loadtest.sim.fair_share import water_level, within_share
-from loadtest.sim.outcomes import OK, Outcomes, ServiceSampler
+from loadtest.sim.outcomes import OK, BacklogSampler, Outcomes
 from loadtest.sim.service_curve import delivered_service
-from loadtest.sim.summary import _group_jains, _max_gap_at
+from loadtest.sim.summary import FAIRNESS_DEFINITIONS, _group_jains, _max_gap_at
 from tests.sim.conftest import make_trace
 
 
@@ -28,7 +29,7 @@ def test_service_is_counted_as_received_prompt_at_first_token_output_over_the_st
 
 
 def test_a_tenant_that_empties_between_samples_is_not_backlogged_through_it() -> None:
-    sampler = ServiceSampler(2)
+    sampler = BacklogSampler(2)
     sampler.enqueued(0)
     sampler.enqueued(1)
     sampler.sample(0.0)
@@ -36,7 +37,7 @@ def test_a_tenant_that_empties_between_samples_is_not_backlogged_through_it() ->
     sampler.enqueued(1)  # ... and returns before the next sample
     sampler.sample(5.0)
     sampler.sample(10.0)
-    _, _, backlog = sampler.arrays()
+    _, backlog = sampler.arrays()
     assert backlog.tolist() == [[False, False], [True, False], [True, True]]
 
 
@@ -73,3 +74,22 @@ def test_max_gap_says_where_it_is_and_how_many_tenants_it_compares() -> None:
     assert gap == pytest.approx(9.0) and row == 1
     assert where == {"sla_class": "a", "weight": 1.0, "tenants": 3}
     assert _max_gap_at(service, backlog, {("b", 2.0): [3]}, lag=1) is None  # one tenant: nothing to compare
+
+
+def test_the_within_tier_gap_is_over_settled_service_received_not_work_dispatched_in_flight() -> None:
+    """a and b are dispatched together, so the queue charges them alike; a's answer arrives in [0, 10],
+    b's in [20, 30]. Over [0, 10] a received 200 weighted tokens and b none, still in flight: the gap
+    is 200. Over [0, 30] both have received theirs: the gap closes."""
+    trace = make_trace([(0.0, 0, 100, 50), (0.0, 1, 100, 50)], [("a", "batch", 1.0), ("b", "batch", 1.0)])
+    outcomes = Outcomes(2)
+    outcomes.dispatched[:] = 0.0
+    outcomes.done(0, first_token=1.0, now=9.0, output=50, replica=0)
+    outcomes.done(1, first_token=21.0, now=29.0, output=50, replica=0)
+    times = np.array([0.0, 10.0, 20.0, 30.0])
+    service = delivered_service(trace, outcomes, times)
+    assert service[:, 1] == pytest.approx([0, 0, 0, 200])  # b's in-flight work counts only once received
+    backlog, group = np.ones((4, 2), dtype=bool), {("batch", 1.0): [0, 1]}
+    gap, _, row = _max_gap_at(service, backlog, group, lag=1)
+    assert gap == pytest.approx(200.0) and row == 0
+    assert _max_gap_at(service, backlog, group, lag=3)[0] == pytest.approx(0.0)
+    assert FAIRNESS_DEFINITIONS["service"].startswith("settled service")
