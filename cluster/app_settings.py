@@ -19,6 +19,9 @@ from cluster.model_settings import (
 from cluster.router_settings import RouterAutoscalingSettings
 from tenancy.dispatch_policy import DispatchPolicy
 
+# How clients reach the routers (cluster/ops/edge.py).
+Edge = Literal["haproxy", "proxy"]
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -126,7 +129,7 @@ class AppSettings(_Frozen):
         ),
     )
     direct_dispatch: bool = Field(
-        default=False,
+        default=True,
         description=(
             "With stream_channel, a router sends requests straight to the replica it chooses, on one TCP "
             "connection per router and replica (a frame per event-loop tick), instead of a Serve call "
@@ -151,14 +154,25 @@ class AppSettings(_Frozen):
             "about a sixth less router CPU and a fifth less proxy CPU per request."
         ),
     )
+    edge: Edge = Field(
+        default="haproxy",
+        description=(
+            "How clients reach the routers at `port` (cluster/ops/edge.py): haproxy (Serve's HAProxy "
+            "ingress: an HAProxy on each node balances over every router's own HTTP port, least "
+            "connections first, health-checked, and sends a request whose router refused it or closed "
+            "before answering to another router; no Python between client and router) or proxy (Serve's "
+            "HTTP proxy, which relays each request and streamed piece through Serve's handles). Both need "
+            "their variables in every Ray process before Ray starts: set by `fairlane serve` when it "
+            "starts Ray, and by the chart's pod env."
+        ),
+    )
     direct_ingress: bool = Field(
         default=False,
         description=(
-            "Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in every Ray process: set by "
-            "`fairlane serve` when it starts Ray, and by the chart's pod env): each router also serves "
-            "HTTP on a port of its own (its node's first free port from 30000), so its clients skip "
-            "the proxy hop: 2.4x less router + proxy CPU per stream, 3.2x per short request. The proxy "
-            "then runs on the head node only (still on `port`); a stopping router stays up at least 30 s."
+            "With edge: proxy, each router also serves HTTP on a port of its own (its node's first free "
+            "port from 30000; RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in every Ray process), so its clients "
+            "skip the proxy hop. With edge: haproxy the routers always do (HAProxy sends to those ports). "
+            "A stopping router stays up at least 30 s."
         ),
     )
     router_on_serve_loop: bool = Field(

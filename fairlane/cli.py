@@ -57,11 +57,17 @@ def serve_cmd(
         help="fairlane (default: fair share within SLA tiers), vtc (fair share, one tier) or fcfs "
         "(arrival order).",
     ),
+    edge: str | None = typer.Option(
+        None,
+        "--edge",
+        help="How clients reach the routers at the port: haproxy (default: an HAProxy balances over "
+        "the routers' own ports, no Python in between) or proxy (Serve's HTTP proxy).",
+    ),
     direct_ingress: bool = typer.Option(
         False,
         "--direct-ingress",
-        help="Each router also serves HTTP on a port of its own (30000 up), skipping Serve's proxy: "
-        "less CPU per request. Prints the routers' URLs.",
+        help="With --edge proxy: each router also serves HTTP on a port of its own (30000 up), "
+        "skipping the proxy. Prints the routers' URLs.",
     ),
 ) -> None:
     """Run the cluster until interrupted (default: local Ray, in-memory quotas, SmolLM2, port 8000)."""
@@ -74,6 +80,10 @@ def serve_cmd(
         if dispatch_policy not in DISPATCH_POLICIES:
             raise typer.BadParameter(f"--dispatch-policy is one of {', '.join(DISPATCH_POLICIES)}")
         overrides["dispatch_policy"] = dispatch_policy
+    if edge is not None:
+        if edge not in ("haproxy", "proxy"):
+            raise typer.BadParameter("--edge is haproxy or proxy")
+        overrides["edge"] = edge
     if direct_ingress:
         overrides["direct_ingress"] = True
     cfg = with_model(load_app_config(config, overrides), model, served_model_name)
@@ -85,7 +95,9 @@ def serve_cmd(
         console.print(f"fairlane serving [bold]{names}[/] at {base_url}/v1 (Ctrl-C to stop)")
         for line in sizes_lines(cfg, APP_NAME):
             console.print(line, highlight=False)
-        if cfg.direct_ingress:
+        if cfg.edge == "haproxy":
+            console.print(f"edge: HAProxy at port {cfg.port} over every router's own port", highlight=False)
+        elif cfg.direct_ingress:
             print_router_urls(cfg)
         stop.wait()
 

@@ -1,4 +1,5 @@
-"""``fairlane serve --direct-ingress`` end to end: the router serves the OpenAI API on its own port.
+"""``fairlane serve --edge proxy --direct-ingress`` end to end: beside Serve's proxy, the router serves
+the OpenAI API on its own port. (The default edge, HAProxy over the routers' ports: test_haproxy_edge.py.)
 
 Serve reads RAY_SERVE_ENABLE_DIRECT_INGRESS once per process, when Ray starts, so the test cannot
 use the session's shared Ray: ``fairlane serve`` runs as a subprocess with a Ray of its own (no
@@ -56,7 +57,7 @@ def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]
     env |= {"RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(REPO)}
     log = tmp_path / "serve.log"
     fairlane = str(Path(sys.executable).with_name("fairlane"))
-    cmd = [fairlane, "serve", "--config", str(tmp_path / "app.yaml"), "--direct-ingress"]
+    cmd = [fairlane, "serve", "--config", str(tmp_path / "app.yaml"), "--edge", "proxy", "--direct-ingress"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -150,15 +151,26 @@ def test_the_router_answers_on_its_own_port(served: tuple[subprocess.Popen[bytes
 
 
 def test_a_ray_started_here_gets_the_variables_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cluster.config import AppConfig
+    from cluster.ops.edge import SIDE_PORT_VARS, edge_env
     from cluster.ops.local_cluster import ray_env
 
-    monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", raising=False)
-    monkeypatch.delenv("RAY_SERVE_PORT_QUARANTINE_S", raising=False)
-    ray_env(proxy_grpc=None, direct_ingress=False)  # off: nothing set, an operator's own value stays
+    for name in (*edge_env("haproxy", True), *SIDE_PORT_VARS):  # each restored after the test
+        monkeypatch.delenv(name, raising=False)
+    ray_env(proxy_grpc=None, edge=AppConfig(edge="proxy"))  # off: nothing set, an operator's own value stays
     assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ
-    ray_env(proxy_grpc=None, direct_ingress=True)
+    ray_env(proxy_grpc=None, edge=AppConfig(edge="proxy", direct_ingress=True))
     assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert os.environ["RAY_SERVE_PORT_QUARANTINE_S"] == "0"  # a restarted router takes its port back
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    ray_env(proxy_grpc=None, edge=AppConfig())  # the default edge: HAProxy over the routers' own ports
+    assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    assert "empty-response" in os.environ["RAY_SERVE_HAPROXY_RETRY_ON"]
+    side = [int(os.environ[v]) for v in SIDE_PORT_VARS]
+    assert len(set(side)) == 4 and 8404 not in side  # free ports of this machine, not Serve's fixed ones
+    ray_env(proxy_grpc=None, edge=AppConfig(edge="proxy"))  # back to the proxy in this process
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
 
 
 def test_router_urls_name_the_routers_not_the_proxies(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,7 @@
-"""``app.direct_ingress``: Serve's env in every Ray pod, the routers pinned to the head pod on known
-ports, and the Service that reaches those ports (templates/_router.tpl, service-router.yaml)."""
+"""The edge in the chart: by default Serve's HAProxy ingress (its variables in every Ray pod, nothing
+pinned); with ``app.edge: proxy`` and ``app.direct_ingress``, Serve's env in every Ray pod, the routers
+pinned to the head pod on known ports, and the Service that reaches those ports (templates/_router.tpl,
+service-router.yaml)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from cluster.edge.ingress import ROUTER_DEPLOYMENT
 from cluster.ops.direct_ingress import FIRST_PORT
 from tests.helm.chart import Rendered, render
 
-ON = {"app": {"direct_ingress": True, "num_routers": 3}}
+ON = {"app": {"edge": "proxy", "direct_ingress": True, "num_routers": 3}}
 ROUTER_SERVICE = "fl-fairlane-router"
 
 
@@ -40,12 +42,15 @@ def _head(rendered: Rendered) -> dict:
     return rendered.cluster["headGroupSpec"]
 
 
-def test_off_by_default_and_nothing_rendered_for_it(default: Rendered) -> None:
-    assert AppConfig.model_validate(default.app_args).direct_ingress is False
+def test_haproxy_by_default_and_no_router_pinned_for_it(default: Rendered) -> None:
+    config = AppConfig.model_validate(default.app_args)
+    assert (config.edge, config.direct_ingress) == ("haproxy", False)
     for where, env in _ray_envs(default):
-        # Explicit: an env var left in the image cannot turn it on.
-        assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0", where
-        assert "RAY_SERVE_PORT_QUARANTINE_S" not in env, where
+        # HAProxy in place of Serve's proxy, over every router's own port (direct ingress under it).
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1", where
+        assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1", where
+        assert env["RAY_SERVE_PORT_QUARANTINE_S"] == "0", where
+        assert env["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure empty-response", where
     assert not default.has("Service", ROUTER_SERVICE)
     assert "resources" not in _head(default)["rayStartParams"]
     assert "deployments" not in default.serve_config["applications"][0]
@@ -53,8 +58,17 @@ def test_off_by_default_and_nothing_rendered_for_it(default: Rendered) -> None:
     assert not [p for p in ports if p["name"].startswith("router-")]
 
 
+def test_the_proxy_edge_without_direct_ingress_sets_both_flags_off() -> None:
+    for where, env in _ray_envs(render({"app": {"edge": "proxy"}})):
+        # Explicit: an env var left in the image cannot turn either on.
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0", where
+        assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0", where
+        assert "RAY_SERVE_PORT_QUARANTINE_S" not in env, where
+
+
 def test_every_ray_process_gets_the_flag_before_ray_starts(on: Rendered) -> None:
     for where, env in _ray_envs(on):
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0", where
         assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1", where
         assert env["RAY_SERVE_PORT_QUARANTINE_S"] == "0", where  # a restarted router gets its port back
     assert AppConfig.model_validate(on.app_args).direct_ingress is True
@@ -113,7 +127,15 @@ def test_own_head_resources_conflict_with_the_pinning() -> None:
 
 def test_autoscaled_routers_get_the_head_room_of_the_most() -> None:
     # One resource unit and one port per router that may run, so any of them can start on the head.
-    r = render({"app": {"direct_ingress": True, "router_autoscaling": {"min_routers": 1, "max_routers": 5}}})
+    r = render(
+        {
+            "app": {
+                "edge": "proxy",
+                "direct_ingress": True,
+                "router_autoscaling": {"min_routers": 1, "max_routers": 5},
+            }
+        }
+    )
     assert AppConfig.model_validate(r.app_args).router_autoscaling.max_routers == 5
     assert json.loads(json.loads(_head(r)["rayStartParams"]["resources"])) == {"fairlane_router": 5}
     ports = [p["name"] for p in _head(r)["template"]["spec"]["containers"][0]["ports"]]

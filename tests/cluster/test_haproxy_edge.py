@@ -1,0 +1,208 @@
+"""The default edge end to end: ``fairlane serve`` puts Serve's HAProxy at its one address, in front of
+two routers' own ports, and a router killed under load is not the client's problem.
+
+Serve reads its edge variables once per process, when Ray starts, so ``fairlane serve`` runs as a
+subprocess with a Ray of its own (as ``test_direct_ingress.py``), before the session's shared Ray.
+The real ``openai`` client talks to the address the command prints. Then one of the two routers is
+killed (SIGKILL) while streams are open and new requests keep coming: every request completes or
+ends with an error the client sees (none hangs), requests sent after the kill are served by the
+other router (HAProxy sends a refused or unanswered request on), and Serve starts a new router.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
+from tests.faults.fault_helpers import MODEL, wait_for
+from tests.redis_server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 180.0  # a Ray of its own, two routers, HAProxy and SmolLM2 on a busy 2-core box
+REQUEST_TIMEOUT_S = 120.0  # a request that takes longer is a hang
+SERVING = re.compile(r"fairlane serving \S+ at (http://[\d.]+:\d+)/v1")
+ROUTER_TITLE = "ServeReplica:fairlane:Router"  # Ray's process title of a router actor
+QUESTION = [{"role": "user", "content": "Count from one to twenty."}]
+ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``fairlane serve`` with two routers, in its own session and Ray; killed as a group at the end."""
+    config = {
+        "engine": {"device": "cpu", "kv_cache_tokens": 4096, "max_num_seqs": 8},
+        "replica_num_cpus": 0.5,
+        "num_routers": 2,  # each with its own in-memory quotas: the test's load is far below them
+        "drain_timeout_s": 5.0,
+        "port": free_port(),
+    }
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump(config))
+    ray_tmp = tempfile.mkdtemp(prefix="fl-ha-", dir="/tmp")  # short: Ray's socket paths have a limit
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_SERVE_"))}
+    env |= {"RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(REPO)}
+    log = tmp_path / "serve.log"
+    fairlane = str(Path(sys.executable).with_name("fairlane"))
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [fairlane, "serve", "--config", str(tmp_path / "app.yaml")],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield proc, log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        _kill_leftover_haproxy(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _kill_leftover_haproxy(ray_tmp: str) -> None:
+    """HAProxy runs in a session of its own: one left by the killed group goes too (this run's only)."""
+    for pid in _pids_with("haproxy"):
+        if ray_tmp in _environ(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pids_with(text: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                pids.append(int(entry))
+    return pids
+
+
+def _environ(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _base_url(log: Path) -> str | None:
+    match = SERVING.search(log.read_text(errors="replace"))
+    return match.group(1) if match else None
+
+
+def _routers(ray_tmp_marker: str) -> list[int]:
+    return [pid for pid in _pids_with(ROUTER_TITLE) if ray_tmp_marker in _environ(pid)]
+
+
+def _ask(client: openai.OpenAI, stream: bool, streaming: threading.Semaphore | None = None) -> str:
+    """One request's ending: "ok", or the error the client saw (never raised, never endless).
+    ``streaming`` is released when a stream's first piece arrives."""
+    try:
+        if not stream:
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16)
+            return "ok"
+        finished = None
+        for i, chunk in enumerate(
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48, stream=True)
+        ):
+            if i == 0 and streaming is not None:
+                streaming.release()
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finished = chunk.choices[0].finish_reason
+        return "ok" if finished else "stream ended without a finish reason"
+    except openai.APIStatusError as exc:  # an HTTP error status with its body
+        return f"status {exc.status_code} {exc.response.headers.get('content-type')} {exc.response.text[:80]}"
+    except (openai.APIConnectionError, openai.APIError, httpx.HTTPError) as exc:
+        return f"error {type(exc).__name__}"
+
+
+@pytest.mark.own_ray  # before the session's shared Ray starts: one Ray on the box at a time
+def test_haproxy_fronts_the_routers_and_outlives_one(served: tuple[subprocess.Popen[bytes], Path]) -> None:
+    proc, log = served
+    assert wait_for(lambda: _base_url(log) or proc.poll() is not None, timeout_s=START_TIMEOUT_S)
+    url = _base_url(log)
+    assert url is not None, log.read_text()[-3000:]
+    assert wait_for(lambda: "edge: HAProxy" in log.read_text(), timeout_s=60), log.read_text()[-3000:]
+    assert wait_for(lambda: httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok", timeout_s=60)
+
+    # HAProxy, not Serve's Python proxy, holds the port, and the routers push their streams straight
+    # to its connection (the pushed path).
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=DEMO_KEYS["alice"], max_retries=0, timeout=60)
+    assert _ask(client, stream=True) == "ok"
+    paths = _stream_paths_of_routers(url)
+    assert len(paths) == 2, paths  # HAProxy reaches both routers (each admin call reaches one)
+    assert {path for by_path in paths.values() for path in by_path} == {"pushed"}, paths
+    marker = f"RAY_TMPDIR={_tmpdir_of(proc.pid)}"
+    assert wait_for(lambda: len(_routers(marker)) == 2, timeout_s=60), _routers(marker)
+
+    # Under load, one router dies. Every request ends, none hangs.
+    slow = openai.OpenAI(
+        base_url=f"{url}/v1", api_key=DEMO_KEYS["alice"], max_retries=0, timeout=REQUEST_TIMEOUT_S
+    )
+    endings: list[str] = []
+    lock = threading.Lock()
+    killed = threading.Event()
+    streaming = threading.Semaphore(0)
+
+    def one(i: int) -> None:
+        sent_after = killed.is_set()
+        ending = _ask(slow, stream=i % 2 == 0, streaming=streaming)
+        with lock:
+            endings.append(f"{'after' if sent_after else 'before'}:{ending}")
+
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(one, i) for i in range(8)]  # streams open on both routers (least conn)
+        for _ in range(3):  # the kill comes while streams are open
+            assert streaming.acquire(timeout=REQUEST_TIMEOUT_S)
+        victim = _routers(marker)[0]
+        os.kill(victim, signal.SIGKILL)
+        killed.set()
+        futures += [pool.submit(one, i) for i in range(8, 20)]  # new requests while HAProxy learns
+        for future in futures:
+            future.result(timeout=REQUEST_TIMEOUT_S + 30)  # none hangs
+    after = [e for e in endings if e.startswith("after:")]
+    assert len(endings) == 20
+    # In flight on the dead router: answered (a request it had not answered yet is sent on), or, for
+    # a stream it had begun, cut off where it was: the client sees the connection end, not a hang.
+    assert all(
+        e in ("before:ok", "before:error APIConnectionError") for e in endings if e.startswith("before:")
+    )
+    # Sent after the kill: served by the other router (a refused connection is sent on at once).
+    assert all(e == "after:ok" for e in after), endings
+    # Serve replaces the dead router; HAProxy routes to both again.
+    assert wait_for(lambda: len(_routers(marker)) == 2 and victim not in _routers(marker), timeout_s=120)
+    assert _ask(client, stream=False) == "ok"
+
+
+def _stream_paths_of_routers(url: str) -> dict[str, dict[str, int]]:
+    """Each router's streamed answers by path, from admin calls until both routers answered one."""
+    seen: dict[str, dict[str, int]] = {}
+
+    def both() -> bool:
+        state = httpx.get(f"{url}/admin/state", headers=ADMIN, timeout=10).json()
+        seen[state["router"]] = state["stream_paths"]
+        return len(seen) == 2
+
+    wait_for(both, timeout_s=30)
+    return seen
+
+
+def _tmpdir_of(pid: int) -> str:
+    for item in _environ(pid).split("\0"):
+        if item.startswith("RAY_TMPDIR="):
+            return item.split("=", 1)[1]
+    raise AssertionError("fairlane serve runs without RAY_TMPDIR")
