@@ -30,6 +30,7 @@ from loadtest.sim.simulation import simulate
 from loadtest.sim.spec import ClusterSpec, PolicySpec
 from loadtest.sim.step_model import StepModel, load_step_model
 from replica.device_choice import pick_device, resolve_mode
+from replica.engine_sizes import CPU_BATCHED_TOKENS, CPU_MAX_SEQS, CUDA_BATCHED_TOKENS, CUDA_MAX_SEQS
 from tenancy import TenancyConfig, default_tenancy_config, load_tenancy_config
 
 # What the cluster runs: quotas, the tiered fair queue, reserved room, Serve's replica ranking.
@@ -42,19 +43,29 @@ def cluster_spec(app: dict, step_model: str, overheads: Overheads | None = None)
     """The simulator's cluster from an app config mapping (``cluster.config.AppConfig`` keys)."""
     engine = app.get("engine", {})
     block = engine.get("block_size", 16)
+    slots, step_tokens = engine_slots(engine)
     return ClusterSpec(
         replicas=app.get("num_replicas", 1),
         step_model=step_model,
         kv_blocks=engine.get("kv_cache_tokens", 16384) // block,
         block_size=block,
-        max_num_seqs=engine.get("max_num_seqs", 32),
-        max_num_batched_tokens=engine.get("max_num_batched_tokens", 512),
-        replica_room=app.get("replica_room", 8),
+        max_num_seqs=slots,
+        max_num_batched_tokens=step_tokens,
+        replica_room=app.get("replica_room") or slots,  # unset: the room follows the engine's slots
         queue_timeout_s=app.get("queue_timeout_s", 60.0),
         join_lag_steps=1 if engine_mode(engine) == "async" else 0,
         dispatch_latency_s=overheads.dispatch_s if overheads else 0.0,
         client_latency_s=overheads.client_s if overheads else 0.0,
     )
+
+
+def engine_slots(engine: dict) -> tuple[int, int]:
+    """The cluster engine's slots and step tokens: as set, or as the engine chooses them on its device
+    (``replica/engine_sizes.py``; on CUDA the KV pool is not known here, so it is taken as ample)."""
+    on_cuda = pick_device(engine.get("device", "auto")).type == "cuda"
+    slots = engine.get("max_num_seqs") or (CUDA_MAX_SEQS if on_cuda else CPU_MAX_SEQS)
+    tokens = engine.get("max_num_batched_tokens") or (CUDA_BATCHED_TOKENS if on_cuda else CPU_BATCHED_TOKENS)
+    return slots, tokens
 
 
 def engine_mode(engine: dict) -> str:
