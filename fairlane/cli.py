@@ -94,7 +94,7 @@ def serve_cmd(
         names = ", ".join(m.name for m in cfg.served_models)
         console.print(f"fairlane serving [bold]{names}[/] at {base_url}/v1 (Ctrl-C to stop)")
         for line in sizes_lines(cfg, APP_NAME):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, soft_wrap=True)  # one line, however long
         if cfg.edge == "haproxy":
             console.print(f"edge: HAProxy at port {cfg.port} over every router's own port", highlight=False)
         elif cfg.direct_ingress:
