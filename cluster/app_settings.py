@@ -245,7 +245,8 @@ class AppSettings(_Frozen):
         default=None,
         gt=0,
         description="Cap on a chat answer that gives no max_tokens; None: the rest of the context, as "
-        "OpenAI and vLLM (quotas and the fair queue count it until the answer ends).",
+        "OpenAI and vLLM; never above the tenant's max_tokens_per_request or what its context leaves "
+        "(quotas and the fair queue count it until the answer ends).",
     )
     max_n: int = Field(default=8, ge=1, le=128, description="Choices one request may ask for (n), at most.")
     timing_history: int = Field(default=50_000, gt=0, description="Request timing records kept per router.")

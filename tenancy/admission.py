@@ -43,17 +43,24 @@ class QuotaManager:
         """True while the shared store is unreachable and local limits apply."""
         return self._store.degraded
 
-    def check_request(self, tenant: Tenant, prompt_tokens: int, max_tokens: int) -> int:
-        """Per-request limits; returns the tokens to reserve or raises ``RequestLimitExceeded``."""
+    def check_request(self, tenant: Tenant, prompt_tokens: int, max_tokens: int, choices: int = 1) -> int:
+        """Per-request limits; returns the tokens to reserve or raises ``RequestLimitExceeded``.
+
+        ``max_tokens`` is the whole request's output budget, ``choices`` × each choice's. A choice is one
+        answer: the answer's limits (max_tokens_per_request, max_context_length) apply to each, as
+        OpenAI's do to each of ``n``; the budgets (tokens per minute, per day) to the whole reservation.
+        """
         q = tenant.quotas
         if prompt_tokens < 0 or max_tokens < 0:
             raise RequestLimitExceeded(tenant.id, "non_negative_tokens", min(prompt_tokens, max_tokens), 0)
-        if max_tokens > q.max_tokens_per_request:
+        per_choice = -(-max_tokens // max(1, choices))
+        if per_choice > q.max_tokens_per_request:
             limit = q.max_tokens_per_request
-            raise RequestLimitExceeded(tenant.id, "max_tokens_per_request", max_tokens, limit)
-        total = prompt_tokens + max_tokens
-        if total > q.max_context_length:
+            raise RequestLimitExceeded(tenant.id, "max_tokens_per_request", per_choice, limit)
+        if prompt_tokens + per_choice > q.max_context_length:
+            total = prompt_tokens + per_choice
             raise RequestLimitExceeded(tenant.id, "max_context_length", total, q.max_context_length)
+        total = prompt_tokens + max_tokens
         if total > q.tokens_per_minute:
             raise RequestLimitExceeded(tenant.id, "tokens_per_minute", total, q.tokens_per_minute)
         if q.daily_token_budget is not None and total > q.daily_token_budget:
@@ -61,15 +68,21 @@ class QuotaManager:
         return total
 
     async def admit(
-        self, tenant: Tenant | str, prompt_tokens: int, max_tokens: int, request_id: str | None = None
+        self,
+        tenant: Tenant | str,
+        prompt_tokens: int,
+        max_tokens: int,
+        request_id: str | None = None,
+        choices: int = 1,
     ) -> Lease:
         """Admit one request or raise ``RequestLimitExceeded`` / ``QuotaExceeded``.
 
         ``request_id`` (server-made, never a client's) becomes the lease id: a shared store charges
-        one request once however often its calls are retried. None: a fresh id.
+        one request once however often its calls are retried. None: a fresh id. ``max_tokens``: the
+        output budget of all ``choices`` together (``check_request``).
         """
         tenant = self._tenant(tenant)
-        tokens = self.check_request(tenant, prompt_tokens, max_tokens)
+        tokens = self.check_request(tenant, prompt_tokens, max_tokens, choices)
         lease_id = request_id or uuid.uuid4().hex
         result = await self._store.acquire(tenant.id, self._limits[tenant.id], lease_id, tokens)
         return self._lease_or_raise(tenant, result, lease_id, prompt_tokens, max_tokens)

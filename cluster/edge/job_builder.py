@@ -99,7 +99,7 @@ class JobBuilder:
             sampling["grammar"] = tool_grammar(body)  # the call, enforced as response_format's schemas
         await check_grammar(sampling["grammar"])  # a bad schema: a 400 that points into it
         if isinstance(body, ChatCompletionRequest):
-            max_tokens = body.output_limit() or await self._chat_default_limit(len(ids))
+            max_tokens = body.output_limit() or await self._chat_default_limit(len(ids), tenant)
             sampling["logprobs"] = body.logprob_count()
         else:
             max_tokens, prompt_logprobs = _completion_limits(body)
@@ -109,8 +109,9 @@ class JobBuilder:
             ranked = body.samples > body.n
             sampling["logprobs"] = body.logprobs if body.logprobs is not None or not ranked else 0
             sampling["prompt_logprobs"] = prompt_logprobs
-        if max_tokens is None:
-            max_tokens = self._encoder.sampling_defaults.get("max_tokens", self._cfg.default_max_tokens)
+        if max_tokens is None:  # a completion's default (OpenAI's 16), within what the tenant may ask
+            given = self._encoder.sampling_defaults.get("max_tokens", self._cfg.default_max_tokens)
+            max_tokens = min(given, *_tenant_caps(tenant, len(ids)))
         await self._check_context(len(ids), max_tokens)
         self._check_token_ids(sampling)
         sampling["max_tokens"] = max_tokens
@@ -130,12 +131,15 @@ class JobBuilder:
         defaults = self._encoder.sampling_defaults
         return {k: v for k, v in defaults.items() if k != "max_tokens" and k not in given}
 
-    async def _chat_default_limit(self, prompt_tokens: int) -> int:
+    async def _chat_default_limit(self, prompt_tokens: int, tenant: Tenant) -> int:
         """A chat request without max_tokens may answer to the end of the context, as OpenAI and vLLM
-        allow; the checkpoint's max_new_tokens or `chat_default_max_tokens` cap it where set."""
+        allow; the checkpoint's max_new_tokens or `chat_default_max_tokens` cap it where set, and so
+        do the tenant's own limits (its max_tokens_per_request, its context): the plainest call of
+        an OpenAI client must not be refused for a number it never sent. The quota's reservation
+        and the fair queue count the same figure."""
         room = max(await self._context() - prompt_tokens, 1)
         caps = [self._encoder.sampling_defaults.get("max_tokens"), self._cfg.chat_default_max_tokens]
-        return min([room, *(int(c) for c in caps if c)])
+        return min([room, *(int(c) for c in caps if c), *_tenant_caps(tenant, prompt_tokens)])
 
     def _check_token_ids(self, sampling: dict) -> None:
         """logit_bias keys must be token ids of this model's vocabulary."""
@@ -182,6 +186,13 @@ class JobBuilder:
                 code="context_length_exceeded",
                 param="prompt",
             )
+
+
+def _tenant_caps(tenant: Tenant, prompt_tokens: int) -> tuple[int, int]:
+    """The most one answer of ``tenant``'s may ask for: its max_tokens_per_request, and what its
+    max_context_length leaves after the prompt (at least 1: a prompt over it is refused as such)."""
+    q = tenant.quotas
+    return q.max_tokens_per_request, max(1, q.max_context_length - prompt_tokens)
 
 
 def _completion_limits(body: CompletionRequest) -> tuple[int | None, int | None]:

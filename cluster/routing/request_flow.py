@@ -114,7 +114,11 @@ class RequestRunner:
         active = ActiveRequest(self, self.quotas, job, timing)
         try:
             active.lease = await self.quotas.admit(
-                job.tenant, len(job.prompt_ids), job.max_tokens, request_id=job.request_id
+                job.tenant,
+                len(job.prompt_ids),
+                job.max_tokens,
+                request_id=job.request_id,
+                choices=job.choices,
             )
             timing.admitted = time.monotonic()
             queued = self.dispatcher.queue.make_request(

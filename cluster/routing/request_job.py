@@ -24,7 +24,12 @@ class Job:
     @property
     def max_tokens(self) -> int:
         """The request's output budget: max_tokens for each of its n choices."""
-        return int(self.sampling["max_tokens"]) * int(self.sampling.get("n", 1))
+        return int(self.sampling["max_tokens"]) * self.choices
+
+    @property
+    def choices(self) -> int:
+        """The answers it asks for (n; best_of for a completion that ranks its samples)."""
+        return int(self.sampling.get("n", 1))
 
 
 @dataclass(frozen=True, slots=True)
