@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from rich.table import Table
 from cluster.config import AppConfig, load_app_config
 from cluster.drain import StopSignal
 from cluster.ops.direct_ingress import router_urls
+from cluster.ops.edge import HAPROXY_VAR
 from cluster.ops.engine_report import sizes_lines
 from cluster.ops.local_cluster import APP_NAME, free_port, local_cluster
 from fairlane.bench_cli import bench_app
@@ -95,7 +97,7 @@ def serve_cmd(
         console.print(f"fairlane serving [bold]{names}[/] at {base_url}/v1 (Ctrl-C to stop)")
         for line in sizes_lines(cfg, APP_NAME):
             console.print(line, highlight=False, soft_wrap=True)  # one line, however long
-        if cfg.edge == "haproxy":
+        if os.environ.get(HAPROXY_VAR) == "1":  # the edge this Ray runs (HAProxy where it can run)
             console.print(f"edge: HAProxy at port {cfg.port} over every router's own port", highlight=False)
         elif cfg.direct_ingress:
             print_router_urls(cfg)

