@@ -14,11 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,14 +23,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import yaml
 
 from cluster.ops.direct_ingress import FIRST_PORT, LAST_PORT
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
+from tests.cluster.own_serve import own_serve
 from tests.faults.fault_helpers import MODEL, wait_for
 from tests.redis_server import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 150.0  # a Ray of its own + Serve + SmolLM2 on a busy 2-core box
 EXIT_TIMEOUT_S = 30.0
 ROUTER_LINE = re.compile(r"router \(direct ingress, no proxy hop\) at (http://[\d.]+:(\d+))/v1")
@@ -42,7 +38,7 @@ QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    """``fairlane serve --direct-ingress`` in its own session and Ray; killed as a group at the end."""
+    """``fairlane serve --edge proxy --direct-ingress`` in its own session and Ray."""
     port = free_port()
     config = {
         "engine": {"device": "cpu", "kv_cache_tokens": 2048, "max_num_seqs": 2},
@@ -51,24 +47,8 @@ def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]
         "drain_timeout_s": 5.0,
         "port": port,
     }
-    (tmp_path / "app.yaml").write_text(yaml.safe_dump(config))
-    ray_tmp = tempfile.mkdtemp(prefix="fl-di-", dir="/tmp")  # short: Ray's socket paths have a limit
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_SERVE_"))}
-    env |= {"RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(REPO)}
-    log = tmp_path / "serve.log"
-    fairlane = str(Path(sys.executable).with_name("fairlane"))
-    cmd = [fairlane, "serve", "--config", str(tmp_path / "app.yaml"), "--edge", "proxy", "--direct-ingress"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        yield proc, port, log
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    with own_serve(tmp_path, config, "--edge", "proxy", "--direct-ingress", prefix="fl-di-") as proc:
+        yield proc, port, tmp_path / "serve.log"
 
 
 def _health(url: str) -> str:

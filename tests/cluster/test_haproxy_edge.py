@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,13 +23,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import yaml
 
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
+from tests.cluster.own_serve import environ_of, own_serve, pids_with
 from tests.faults.fault_helpers import MODEL, wait_for
 from tests.redis_server import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # a Ray of its own, two routers, HAProxy and SmolLM2 on a busy 2-core box
 REQUEST_TIMEOUT_S = 120.0  # a request that takes longer is a hang
 SERVING = re.compile(r"fairlane serving \S+ at (http://[\d.]+:\d+)/v1")
@@ -43,7 +39,7 @@ ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """``fairlane serve`` with two routers, in its own session and Ray; killed as a group at the end."""
+    """``fairlane serve`` with two routers, in its own session and Ray."""
     config = {
         "engine": {"device": "cpu", "kv_cache_tokens": 4096, "max_num_seqs": 8},
         "replica_num_cpus": 0.5,
@@ -51,52 +47,8 @@ def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
         "drain_timeout_s": 5.0,
         "port": free_port(),
     }
-    (tmp_path / "app.yaml").write_text(yaml.safe_dump(config))
-    ray_tmp = tempfile.mkdtemp(prefix="fl-ha-", dir="/tmp")  # short: Ray's socket paths have a limit
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_SERVE_"))}
-    env |= {"RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(REPO)}
-    log = tmp_path / "serve.log"
-    fairlane = str(Path(sys.executable).with_name("fairlane"))
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [fairlane, "serve", "--config", str(tmp_path / "app.yaml")],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        yield proc, log
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        _kill_leftover_haproxy(ray_tmp)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-
-
-def _kill_leftover_haproxy(ray_tmp: str) -> None:
-    """HAProxy runs in a session of its own: one left by the killed group goes too (this run's only)."""
-    for pid in _pids_with("haproxy"):
-        if ray_tmp in _environ(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _pids_with(text: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if text in cmdline:
-                pids.append(int(entry))
-    return pids
-
-
-def _environ(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
+    with own_serve(tmp_path, config, prefix="fl-ha-") as proc:
+        yield proc, tmp_path / "serve.log"
 
 
 def _base_url(log: Path) -> str | None:
@@ -105,7 +57,7 @@ def _base_url(log: Path) -> str | None:
 
 
 def _routers(ray_tmp_marker: str) -> list[int]:
-    return [pid for pid in _pids_with(ROUTER_TITLE) if ray_tmp_marker in _environ(pid)]
+    return [pid for pid in pids_with(ROUTER_TITLE) if ray_tmp_marker in environ_of(pid)]
 
 
 def _ask(client: openai.OpenAI, stream: bool, streaming: threading.Semaphore | None = None) -> str:
@@ -202,7 +154,7 @@ def _stream_paths_of_routers(url: str) -> dict[str, dict[str, int]]:
 
 
 def _tmpdir_of(pid: int) -> str:
-    for item in _environ(pid).split("\0"):
+    for item in environ_of(pid).split("\0"):
         if item.startswith("RAY_TMPDIR="):
             return item.split("=", 1)[1]
     raise AssertionError("fairlane serve runs without RAY_TMPDIR")
