@@ -1,15 +1,19 @@
 """What a tenant may read about itself: its SLA report and usage, never another tenant's.
 
 A tenant id in the path or query that is not the caller's own gets 404, the same answer as for a
-tenant that does not exist, so a key cannot be used to discover who else is served here.
+tenant that does not exist, so a key cannot be used to discover who else is served here. A tenant's
+cost is what its own requests used, priced as the ledger prices their rows; the cluster's
+replica-seconds (every tenant's, and idle time) are the admin's view alone.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 
 from cluster.errors import NotFound
+from cluster.ledger.rows import Pricing, row_from_timing
 from cluster.telemetry.request_timing import RequestTiming, TimingRecorder
 from cluster.telemetry.sla_report import build_report
 from tenancy import TenancyConfig, Tenant
@@ -24,13 +28,31 @@ def check_own(tenant: Tenant, path_id: str, query: dict[str, str]) -> None:
         raise NotFound("no such tenant", code="tenant_not_found", param="tenant_id")
 
 
-def sla_report(recorder: TimingRecorder, config: TenancyConfig, tenant_id: str | None) -> dict:
-    """The SLA report over this router's records, of one tenant (or all, for the admin)."""
-    records = [r for r in recorder.records() if tenant_id is None or r.tenant_id == tenant_id]
+def sla_report(
+    recorder: TimingRecorder,
+    config: TenancyConfig,
+    tenant_id: str | None,
+    pricing: Callable[[str], Pricing],
+) -> dict:
+    """The SLA report over this router's records, of one tenant (or all, for the admin).
+    ``pricing``: a model's price and room, as the ledger's rows are priced."""
     window = time.monotonic() - recorder.started
-    # A tenant's report holds only its own records: a model's cost is the admin's view alone.
-    seconds = recorder.model_replica_seconds if tenant_id is None else None
-    return build_report(records, config, window, recorder.replica_seconds, seconds).to_dict()
+    if tenant_id is None:
+        records = recorder.records()
+        seconds = recorder.model_replica_seconds
+        return build_report(records, config, window, recorder.replica_seconds, seconds).to_dict()
+    # A tenant's report holds only its own records, and their cost only: the replicas' seconds are
+    # every tenant's (and idle time), which no tenant is shown nor charged; a model's are too.
+    records = [r for r in recorder.records() if r.tenant_id == tenant_id]
+    return build_report(records, config, window, own_replica_seconds(records, pricing)).to_dict()
+
+
+def own_replica_seconds(records: Iterable[RequestTiming], pricing: Callable[[str], Pricing]) -> float:
+    """The replica-seconds ``records`` held: each finished request's slot from dispatch to end over
+    its replica's room, as ``row_from_timing`` prices a ledger row (a refused request held none)."""
+    return sum(
+        row_from_timing(r, "", "", pricing(r.model)).replica_seconds for r in records if r.end is not None
+    )
 
 
 def usage(records: list[RequestTiming], tenant_id: str) -> dict:

@@ -20,6 +20,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from cluster.serving.frame_hello import HELLO_TIMEOUT_S, read_hello
 from cluster.serving.stream_frames import FrameError, read_frame
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,11 @@ log = logging.getLogger(__name__)
 class StreamReceiver:
     """Listens for replicas' channels; routes each output to its request's queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, hello_timeout_s: float = HELLO_TIMEOUT_S) -> None:
+        """``hello_timeout_s``: how long a new connection may take to send its key (``frame_hello``)."""
         self.key = secrets.token_hex(16)
         self.address = ""
+        self.hello_timeout_s = hello_timeout_s
         # Each open request's sink: its queue's put (pulled streams) or its push handler.
         self._sinks: dict[str, Callable[[Any], None]] = {}
         self._server: asyncio.Server | None = None
@@ -72,8 +75,7 @@ class StreamReceiver:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
         try:
-            if await read_frame(reader) != self.key:
-                raise FrameError("wrong channel key")
+            await read_hello(reader, self.key, self.hello_timeout_s)  # small, timed, constant-time
             sinks = self._sinks
             while True:
                 items = await read_frame(reader)

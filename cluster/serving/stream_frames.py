@@ -3,7 +3,8 @@
 A replica writes one frame per flush on its channel to a router (``stream_channel.py``): every new
 output of that router's open streams, each an output dict of ``wire.output_item`` (it names its
 ``request_id``). The first frame of a connection is the router's channel key alone, so only a
-replica the router sent that key to (in ``GenerateArgs``) can write into its streams.
+replica the router sent that key to (in ``GenerateArgs``) can write into its streams; that frame is
+read with a small bound and a deadline (``frame_hello.py``), the rest with ``MAX_FRAME_BYTES``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ def encode(payload: Any) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-async def read_frame(reader: asyncio.StreamReader) -> Any:
-    """The next frame's payload; ``asyncio.IncompleteReadError`` at the end of the connection."""
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME_BYTES) -> Any:
+    """The next frame's payload; ``asyncio.IncompleteReadError`` at the end of the connection. A
+    length over ``limit`` is refused from the header alone, before any of the body is read."""
     (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-    if size > MAX_FRAME_BYTES:
+    if size > limit:
         raise FrameError(f"frame of {size} bytes")
     try:
         return orjson.loads(await reader.readexactly(size))

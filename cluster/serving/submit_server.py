@@ -8,7 +8,8 @@ on this connection with the same answer the Serve call would return, batched the
 
 Frames (``stream_frames.py``: a 4-byte length, then orjson). The first one from the router is the
 replica's key (published with its load on the replica board, which only the cluster's processes
-read). Then router → replica: a list of ``["generate", args]`` (``GenerateArgs.as_wire``) and
+read), read with a small bound and a deadline and compared in constant time (``frame_hello.py``).
+Then router → replica: a list of ``["generate", args]`` (``GenerateArgs.as_wire``) and
 ``["cancel", request_id]`` and ``["stats", tag]`` (the replica's load and prefix-cache summary, for
 the router's replica choice); replica → router: a list of ``[request_id, answer]``.
 
@@ -25,6 +26,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cluster.serving.frame_hello import HELLO_TIMEOUT_S, read_hello
 from cluster.serving.stream_frames import FrameError, encode, read_frame
 from cluster.serving.wire import GenerateArgs, error_item
 
@@ -37,13 +39,15 @@ Stats = Callable[[], dict[str, Any]]
 class SubmitServer:
     """Listens for routers; runs what they send with ``run`` and answers on the same connection."""
 
-    def __init__(self, run: Run, stats: Stats) -> None:
+    def __init__(self, run: Run, stats: Stats, hello_timeout_s: float = HELLO_TIMEOUT_S) -> None:
         """``run``: one request, answered as ``generate_channel`` answers; ``stats``: the replica's
-        routing stats, which a router asks for on its connection (``["stats", tag]``)."""
+        routing stats, which a router asks for on its connection (``["stats", tag]``);
+        ``hello_timeout_s``: how long a new connection may take to send its key (``frame_hello``)."""
         self._run = run
         self._stats = stats
         self.key = secrets.token_hex(16)
         self.address = ""
+        self.hello_timeout_s = hello_timeout_s
         self._server: asyncio.Server | None = None
         self._links: set[_RouterLink] = set()
         self.received = 0  # requests and frames read: the tests' view of batching
@@ -76,8 +80,7 @@ class SubmitServer:
         link = _RouterLink(writer)
         self._links.add(link)
         try:
-            if await read_frame(reader) != self.key:
-                raise FrameError("wrong submit key")
+            await read_hello(reader, self.key, self.hello_timeout_s)  # small, timed, constant-time
             while True:
                 ops = await read_frame(reader)
                 self.frames += 1

@@ -75,8 +75,11 @@ def build_report(
     model_replica_seconds: Mapping[str, float] | None = None,
 ) -> SLAReport:
     """Group finished records by tenant, by class and by model. A tenant's or class's cost is its
-    token share of every replica's; a model's is its own replicas' (``model_replica_seconds``; None:
-    no model groups, as in a tenant's own report, whose records are not all of a model's)."""
+    token share of ``replica_seconds``, which are what ``records`` used: every replica's in the
+    admin's report, only the seconds a tenant's own requests held in that tenant's report
+    (``cluster/edge/tenant_views.py``), never the cluster's. A model's cost is its own replicas'
+    (``model_replica_seconds``; None: no model groups, as in a tenant's own report, whose records
+    are not all of a model's)."""
     records = [r for r in records if r.end is not None]
     price = config.gpu_dollars_per_hour / 3600.0
     dollars = replica_seconds * price

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -139,6 +139,16 @@ def _job(runner: RequestRunner, i: int, max_tokens: int, n: int = 1) -> Job:
 
 
 MODES = ["pulled", "pushed"]
+
+
+async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
+    """Wait until ``condition()`` holds (checked every few ms); fail after ``within_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {within_s} s")
+        await asyncio.sleep(0.005)
 
 
 async def _read(runner: RequestRunner, job: Job, mode: str = "pulled", got: list | None = None) -> list[dict]:
@@ -278,14 +288,17 @@ async def test_a_connection_without_the_key_reaches_no_stream() -> None:
     queue_stream = receiver.open("req-x", FakeCall(asyncio.sleep(10)))
     channels = ChannelSet()
     args = GenerateArgs("req-x", [1], {"max_tokens": 1}, reply_to=receiver.address, channel_key="wrong")
+    channel = channels.channel(receiver.address, "wrong", args.flush_s)  # the one ``forward`` uses
 
     async def one() -> AsyncIterator[dict[str, Any]]:
         yield _output(args, 0, 0, 1, 1, True, 1)
 
     answer = await channels.forward(args, one())
-    await asyncio.sleep(0.05)
+    # The receiver closed the connection (the replica saw its end): nothing more can come of it.
+    await until(lambda: channel.broken is not None)
+    assert receiver.frames == 0 and receiver.outputs == 0
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(queue_stream.__anext__(), 0.1)
+        await queue_stream.next(0.0)  # nothing queued for the stream
     assert answer.get("ok") or answer["error"]["kind"] == "channel_error"
     queue_stream.cancel()
     await channels.close()
