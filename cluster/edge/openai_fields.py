@@ -88,7 +88,10 @@ CHAT: dict[str, FieldTreatment] = {
     "messages": works("see the message and content-part tables; rendered with the model's chat template"),
     "max_completion_tokens": works("the answer's cap (wins over `max_tokens`)"),
     "max_tokens": works(
-        "the answer's cap; left out: the rest of the context (`chat_default_max_tokens` caps it)"
+        "the answer's cap; left out: the rest of the context, capped by `chat_default_max_tokens`, the "
+        "checkpoint's `max_new_tokens` and the tenant's own limits (`max_tokens_per_request`, its "
+        "context), so a call that names no length is never refused for one; an explicit value above "
+        "the tenant's cap is a 400"
     ),
     "logprobs": works(
         "the chosen tokens' logprobs (the model's own distribution; a value that is not a finite "
@@ -148,7 +151,10 @@ COMPLETIONS: dict[str, FieldTreatment] = {
         "text, token ids, or a list of either (a batch, 32 prompts at most): each prompt is its own "
         "request for quotas and the fair queue, answered together; choice index = prompt index x n + choice"
     ),
-    "max_tokens": works("the answer's cap (default 16, or the checkpoint's); 0 only with `echo` (scoring)"),
+    "max_tokens": works(
+        "the answer's cap (default 16, or the checkpoint's, within the tenant's cap); 0 only with `echo` "
+        "(scoring)"
+    ),
     "logprobs": works("0-20 top logprobs per token, OpenAI's legacy shape"),
     "echo": works("the prompt before the answer (with `logprobs`, its logprobs, the first null)"),
     "best_of": works(

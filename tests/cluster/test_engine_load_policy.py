@@ -43,8 +43,9 @@ def test_before_any_report_the_count_stays() -> None:
 
 
 def test_the_app_uses_the_policy_with_direct_dispatch_only() -> None:
-    served = AppConfig.model_validate({"autoscaling": SCALING, "stream_channel": True})
-    direct = AppConfig.model_validate(served.model_dump() | {"direct_dispatch": True})
+    direct = AppConfig.model_validate({"autoscaling": SCALING})  # direct dispatch is the default
+    assert direct.direct_dispatch
+    served = AppConfig.model_validate(direct.model_dump() | {"direct_dispatch": False})
     custom = replica_options(direct)["autoscaling_config"].policy.policy_function
     default = replica_options(served)["autoscaling_config"].policy.policy_function
     assert custom == "cluster.serving.engine_load_policy.engine_requests_policy"  # Serve keeps its path
