@@ -98,11 +98,12 @@ def run_variant(name: str, config: dict, work: Path, trace: Trace) -> dict:
         serve.wait_ready(READY_TIMEOUT_S)
         out["engine"] = wait_engine(serve.url, 60.0)
         out["ready_s"] = time.monotonic() - t0
-        out["printed"] = [line for line in serve.log_path.read_text().splitlines() if "room" in line][-1:]
         model = httpx.get(f"{serve.url}/v1/models", headers=trace.auth, timeout=10).json()["data"][0]["id"]
         out["served_name"] = model
         out |= measure(serve.url, model, trace)
-    finally:
+    finally:  # the CLI's sizes line comes after readiness: read it once the loads are done
+        lines = serve.log_path.read_text().splitlines()
+        out["printed"] = [line for line in lines if " per replica (" in line]
         out["logs"] = serve.log_tails(lines=40)
         serve.stop()
     return out

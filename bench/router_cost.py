@@ -103,7 +103,7 @@ class PacedReplica:
         return {"replica_id": "paced"}
 
     def info(self) -> dict[str, Any]:
-        return {"replica_id": "paced", "max_model_len": self._max_len, "kv_capacity_tokens": 1 << 20}
+        return {"replica_id": "paced", "max_model_len": self._max_len, "kv_tokens": 1 << 20}
 
 
 def bench_config(args: argparse.Namespace) -> AppConfig:

@@ -92,7 +92,7 @@ class StepReplica:
         return {"replica_id": "step"}
 
     def info(self) -> dict[str, Any]:
-        return {"replica_id": "step", "max_model_len": self._max_len, "kv_capacity_tokens": 1 << 20}
+        return {"replica_id": "step", "max_model_len": self._max_len, "kv_tokens": 1 << 20}
 
 
 class BoardStepReplica(StepReplica):

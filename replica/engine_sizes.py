@@ -46,7 +46,7 @@ class EngineSizes:
 
     @property
     def kv_tokens(self) -> int:
-        return (self.num_kv_blocks - 1) * self.block_size  # block 0 is reserved
+        return usable_tokens(self.num_kv_blocks, self.block_size)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "chosen": list(self.chosen), "kv_tokens": self.kv_tokens}
@@ -93,9 +93,12 @@ def choose_sizes(
         max_num_batched_tokens = CUDA_BATCHED_TOKENS if on_cuda else CPU_BATCHED_TOKENS
     if max_num_seqs is None:
         chosen.append("max_num_seqs")
-        kv_tokens = (num_kv_blocks - 1) * block_size
-        max_num_seqs = cuda_slots(kv_tokens) if on_cuda else CPU_MAX_SEQS
+        max_num_seqs = cuda_slots(usable_tokens(num_kv_blocks, block_size)) if on_cuda else CPU_MAX_SEQS
     return EngineSizes(max_num_seqs, max_num_batched_tokens, num_kv_blocks, block_size, tuple(chosen))
+
+
+def usable_tokens(num_kv_blocks: int, block_size: int) -> int:
+    return (num_kv_blocks - 1) * block_size  # block 0 is reserved
 
 
 def cuda_slots(kv_tokens: int) -> int:

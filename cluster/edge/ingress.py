@@ -24,7 +24,7 @@ from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.prompt_batch import open_all
 from cluster.edge.received_stamp import RECEIVED_KEY, ReceivedStamp
 from cluster.edge.request_ids import new_request_id
-from cluster.edge.router_state import health, models_state, sizes_line, totals
+from cluster.edge.router_state import engine_figures, health, models_state, totals
 from cluster.edge.tenant_views import check_own
 from cluster.errors import Draining, Forbidden, error_response
 from cluster.ledger.rows import key_id as api_key_id
@@ -172,7 +172,8 @@ class Ingress:
             "router": self.router_id,
             "replicas": self.monitor.replicas,
             "models": replicas,
-            "engines": {m.model: sizes_line(m) for m in self.monitor.monitors},  # what each model runs with
+            # What each model runs with: device, dtype, slots, KV tokens, room.
+            "engines": {m.model: engine_figures(m) for m in self.monitor.monitors},
             "quota_store_degraded": degraded,
             "ledger": self.ledger.state if self.ledger is not None else "off",  # ok, behind, spilling
         }

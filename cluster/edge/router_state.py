@@ -42,7 +42,7 @@ def engine_sizes(monitor: ReplicaMonitor) -> dict[str, Any] | None:
     return None
 
 
-def sizes_line(monitor: ReplicaMonitor) -> dict[str, Any] | None:
+def engine_figures(monitor: ReplicaMonitor) -> dict[str, Any] | None:
     """``/health``'s figures of a model: device, dtype, slots, KV tokens and the router's room."""
     engine = engine_sizes(monitor)
     if engine is None:

@@ -9,6 +9,7 @@ from ray import serve
 
 from cluster.config import AppConfig
 from cluster.model_settings import ModelSettings
+from cluster.routing.room_follower import room_for
 
 log = logging.getLogger(__name__)
 INFO_TIMEOUT_S = 30.0
@@ -29,10 +30,10 @@ def sizes_line(model: ModelSettings, info: dict[str, Any] | None) -> str:
     if info is None:
         return f"{model.name}: no replica answered yet (its sizes show in /health once one runs)"
     chosen = set(info.get("chosen", ()))
-    room = model.replica_room or info["max_num_seqs"]
-    room_note = "set" if model.replica_room else "the slots"
-    if model.replica_room and model.replica_room > info["max_num_seqs"]:
-        room, room_note = info["max_num_seqs"], f"set {model.replica_room}, clamped to the slots"
+    room, clamped = room_for(model.replica_room, info["max_num_seqs"])
+    room_note = "the slots" if model.replica_room is None else "set"
+    if clamped:
+        room_note = f"set {model.replica_room}, clamped to the slots"
     return (
         f"{model.name}: {info['device']} {info['dtype']}, "
         f"{info['max_num_seqs']} slots{_mark('max_num_seqs', chosen)}, "

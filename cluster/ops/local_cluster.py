@@ -34,32 +34,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ray_env(proxy_grpc: bool | None = True, edge: AppConfig | None = None) -> None:
+def ray_env(proxy_grpc: bool | None = True, config: AppConfig | None = None) -> None:
     """The environment a Ray started from this process hands to every process it starts.
 
     Workers must import ``cluster`` from this checkout. ``proxy_grpc``: Serve's HTTP proxy reaches
-    the routers over gRPC (RAY_SERVE_PROXY_USE_GRPC); ``edge``: a config whose ``edge`` (and
+    the routers over gRPC (RAY_SERVE_PROXY_USE_GRPC); ``config``: the app whose ``edge`` (and
     ``direct_ingress``) decide how clients reach the routers (``cluster/ops/edge.py``), HAProxy's
     side ports taken free on this machine. None leaves a variable as it is.
     """
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
     if proxy_grpc is not None:
         os.environ["RAY_SERVE_PROXY_USE_GRPC"] = "1" if proxy_grpc else "0"
-    if edge is not None:
+    if config is not None:
         for name in (HAPROXY_VAR, *SIDE_PORT_VARS):  # a proxy edge after a HAProxy one in this process
             os.environ.pop(name, None)
-        kind = usable_edge(edge.edge)
+        kind = usable_edge(config.edge)
         side = free_side_ports() if kind == "haproxy" else None
-        os.environ.update(edge_env(kind, edge.direct_ingress, side))
+        os.environ.update(edge_env(kind, config.direct_ingress, side))
 
 
 def start_ray(
-    address: str | None, num_cpus: int | None = None, proxy_grpc: bool = True, edge: AppConfig | None = None
+    address: str | None, num_cpus: int | None = None, proxy_grpc: bool = True, config: AppConfig | None = None
 ) -> None:
     """Join ``address`` or start a local Ray. A joined cluster keeps its own proxy and edge settings
     (the chart sets RAY_SERVE_PROXY_USE_GRPC and the edge's variables in the pods' env)."""
     if address is None:
-        ray_env(proxy_grpc, edge)
+        ray_env(proxy_grpc, config)
     else:
         ray_env(None, None)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
@@ -99,7 +99,7 @@ def local_cluster(
     can put its own signal handlers in place of Ray's before any request can arrive.
     """
     was_up = ray.is_initialized()
-    start_ray(address, proxy_grpc=config.proxy_grpc, edge=config)
+    start_ray(address, proxy_grpc=config.proxy_grpc, config=config)
     owns_ray = not was_up and started_head_node()
     try:
         if on_ray_up is not None:

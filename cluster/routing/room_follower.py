@@ -31,20 +31,29 @@ class RoomFollower:
         if not reported:
             return self.room_set
         self.slots = min(reported)
-        if self.room_set is None:
-            return self.slots
-        if self.room_set > self.slots and not self.clamped:
+        room, clamped = room_for(self.room_set, self.slots)
+        if clamped and not self.clamped:
             log.warning(
                 "model %s: replica_room %d is larger than the %d slots its replicas' engines chose; "
                 "the room is clamped to %d (set engine.max_num_seqs, or leave replica_room unset)",
-                self.model, self.room_set, self.slots, self.slots,
+                self.model, self.room_set, self.slots, room,
             )  # fmt: skip
-        self.clamped = self.room_set > self.slots
-        return min(self.room_set, self.slots)
+        self.clamped = clamped
+        return room
 
     def state(self) -> dict[str, Any]:
         """For ``/admin/state`` and ``/health``: where the room comes from."""
-        source = "set" if self.room_set is not None else "engine slots"
-        if self.clamped:
-            source = "set, clamped to the engine slots"
-        return {"room_set": self.room_set, "engine_slots": self.slots, "room_source": source}
+        return {"room_set": self.room_set, "engine_slots": self.slots, "room_source": room_source(self)}
+
+
+def room_for(room_set: int | None, slots: int) -> tuple[int, bool]:
+    """The room per replica over engines of ``slots`` slots, and whether a room set was clamped."""
+    if room_set is None:
+        return slots, False
+    return min(room_set, slots), room_set > slots
+
+
+def room_source(follower: RoomFollower) -> str:
+    if follower.room_set is None:
+        return "engine slots"
+    return "set, clamped to the engine slots" if follower.clamped else "set"

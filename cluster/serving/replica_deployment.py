@@ -219,14 +219,9 @@ class ReplicaServer:
         }
 
     def info(self) -> dict[str, Any]:
-        """Static facts the routers need: the context limit and the KV capacity in tokens."""
-        core = self._engine.core
-        return {
-            "replica_id": self._replica_id,
-            "max_model_len": self._engine.max_model_len,
-            "kv_capacity_tokens": core.blocks.num_usable * core.blocks.block_size,
-            **self._engine.describe(),
-        }
+        """Static facts of this replica's engine: device, dtype, context limit and sizes (KV tokens among
+        them); the routers read the context limit, ``fairlane serve`` prints the rest."""
+        return {"replica_id": self._replica_id, **self._engine.describe()}
 
     async def check_health(self) -> None:
         if not self._engine.running:

@@ -137,19 +137,20 @@ def test_a_ray_started_here_gets_the_variables_only_when_asked(monkeypatch: pyte
 
     for name in (*edge_env("haproxy", True), *SIDE_PORT_VARS):  # each restored after the test
         monkeypatch.delenv(name, raising=False)
-    ray_env(proxy_grpc=None, edge=AppConfig(edge="proxy"))  # off: nothing set, an operator's own value stays
+    # The proxy without direct ingress sets nothing: an operator's own value stays.
+    ray_env(proxy_grpc=None, config=AppConfig(edge="proxy"))
     assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ
-    ray_env(proxy_grpc=None, edge=AppConfig(edge="proxy", direct_ingress=True))
+    ray_env(proxy_grpc=None, config=AppConfig(edge="proxy", direct_ingress=True))
     assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert os.environ["RAY_SERVE_PORT_QUARANTINE_S"] == "0"  # a restarted router takes its port back
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
-    ray_env(proxy_grpc=None, edge=AppConfig())  # the default edge: HAProxy over the routers' own ports
+    ray_env(proxy_grpc=None, config=AppConfig())  # the default edge: HAProxy over the routers' own ports
     assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert "empty-response" in os.environ["RAY_SERVE_HAPROXY_RETRY_ON"]
     side = [int(os.environ[v]) for v in SIDE_PORT_VARS]
     assert len(set(side)) == 4 and 8404 not in side  # free ports of this machine, not Serve's fixed ones
-    ray_env(proxy_grpc=None, edge=AppConfig(edge="proxy"))  # back to the proxy in this process
+    ray_env(proxy_grpc=None, config=AppConfig(edge="proxy"))  # back to the proxy in this process
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
 
 
