@@ -255,7 +255,7 @@ def month_sql(lo: int, hi: int, n: int, start: float, span: float = 30 * 86400, 
     """
 
 
-# What the writer's insert marks (store.PG_INSERT), for rows stored another way (the load above).
+# What the writer's insert marks (store.PG_MERGE), for rows stored another way (the load above).
 MARK_SQL = f"""
     INSERT INTO ledger_rollup_dirty (app, hour, router, version, marked_at)
     SELECT DISTINCT app, CAST(floor(arrival / {HOUR}) * {HOUR} AS BIGINT), router, 1, 0.0

@@ -27,6 +27,7 @@ from cluster.edge.request_ids import new_request_id
 from cluster.edge.router_state import engine_figures, health, models_state, totals
 from cluster.edge.tenant_views import check_own
 from cluster.errors import Draining, Forbidden, error_response
+from cluster.ledger.backpressure import LedgerFull
 from cluster.ledger.rows import key_id as api_key_id
 from cluster.routing.live_replicas import live_replicas
 from cluster.routing.model_pool import ModelPool
@@ -268,6 +269,8 @@ class Ingress:
     ) -> Response:
         request_id = new_request_id()
         tenant, key_id = None, ""
+        if self.ledger is not None and self.ledger.writer.shedding:  # a row it could not keep: 503
+            return error_response(LedgerFull())
         await asyncio.sleep(0)  # a yield point: the body's parsing and validation were one step
         try:
             tenant = self._tenant(request)

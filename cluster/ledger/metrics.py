@@ -33,9 +33,14 @@ def register(registry: CollectorRegistry, writer: LedgerWriter) -> None:
     ).set_function(lambda: writer.spill.waiting)
     Gauge(
         "fairlane_ledger_dropped_rows",
-        "Rows dropped: the spill file or the hand-over queue was full.",
+        "Rows dropped: the hand-over queue was full, or a row came after the close.",
         registry=registry,
     ).set_function(lambda: writer.dropped)
+    Gauge(
+        "fairlane_ledger_shedding",
+        "1 while the router refuses new requests (503) because its ledger is full.",
+        registry=registry,
+    ).set_function(lambda: 1 if writer.shedding else 0)
     Gauge(
         "fairlane_ledger_last_write_age_seconds",
         "Seconds since rows last reached the ledger database.",

@@ -21,7 +21,7 @@ from cluster.config import AppConfig
 from cluster.ledger import metrics
 from cluster.ledger.rollup_job import delete_rollup_before, roll_pending
 from cluster.ledger.rows import Pricing, row_from_timing
-from cluster.ledger.spill import SpillFile
+from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
 from cluster.telemetry.request_timing import RequestTiming
@@ -60,7 +60,7 @@ class RouterLedger:
         self.router = router
         self._pricing = pricing
         self.store = LedgerStore(ledger_dsn(config))
-        spill = SpillFile(Path(config.ledger_spill_dir), f"{app}-{router}", config.ledger_spill_max_rows)
+        spill = SpillLog(Path(config.ledger_spill_dir), f"{app}-{router}", config.ledger_spill_max_rows)
         self.writer = LedgerWriter(self.store, spill, settings or WriterSettings())
         self.retention_days = config.ledger_retention_days
         self.rollup_retention_days = rollup_retention(config)

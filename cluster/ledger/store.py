@@ -28,22 +28,24 @@ from cluster.ledger.schema import requests, rollup_dirty
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 PG_COLUMNS = tuple(c.name for c in requests.columns)
-PG_CHUNK = 100
-_PG_TYPES = {"TEXT": "text", "BIGINTEGER": "int8", "FLOAT": "float8"}
 HOUR = 3600
-# Rows, and in the same statement a dirty mark on each (app, hour, router) a row was actually
-# inserted into (RETURNING: a replayed row marks nothing), for the rollup job (rollup_job.py). A mark
-# that exists gets its version raised: the job clears only the version it saw before rebuilding.
-PG_INSERT = (
-    f"WITH stored AS (INSERT INTO ledger_requests ({', '.join(PG_COLUMNS)}) SELECT * FROM unnest("
-    + ", ".join(
-        f"${i}::{_PG_TYPES[type(c.type).__name__.upper()]}[]" for i, c in enumerate(requests.columns, 1)
-    )
-    + ") ON CONFLICT (request_id) DO NOTHING RETURNING app, router, arrival) "
+# Rows go in by COPY (thousands a statement, encoded by asyncpg in C) into a temporary table of the
+# connection's own, then into the ledger with ``ON CONFLICT DO NOTHING``: COPY alone cannot skip a
+# request id already stored, and a replay must store each row once. The staging table has the
+# ledger's columns and no key (a chunk may repeat an id); its rows go at the commit.
+PG_STAGE = "ledger_requests_stage"
+PG_CREATE_STAGE = f"CREATE TEMP TABLE IF NOT EXISTS {PG_STAGE} (LIKE ledger_requests) ON COMMIT DELETE ROWS"
+# The staged rows, and in the same statement a dirty mark on each (app, hour, router) a row was
+# actually inserted into (RETURNING: a replayed row marks nothing), for the rollup job
+# (rollup_job.py). A mark that exists gets its version raised: the job clears only the version it
+# saw before rebuilding.
+PG_MERGE = (
+    f"WITH stored AS (INSERT INTO ledger_requests ({', '.join(PG_COLUMNS)}) "
+    f"SELECT {', '.join(PG_COLUMNS)} FROM {PG_STAGE} "
+    "ON CONFLICT (request_id) DO NOTHING RETURNING app, router, arrival) "
     "INSERT INTO ledger_rollup_dirty (app, hour, router, version, marked_at) "
-    f"SELECT DISTINCT app, CAST(floor(arrival / {HOUR}) * {HOUR} AS BIGINT), router, 1, "
-    f"${len(requests.columns) + 1}::float8 FROM stored "
-    "ON CONFLICT (app, hour, router) DO UPDATE "
+    f"SELECT DISTINCT app, CAST(floor(arrival / {HOUR}) * {HOUR} AS BIGINT), router, 1, $1::float8 "
+    "FROM stored ON CONFLICT (app, hour, router) DO UPDATE "
     "SET version = ledger_rollup_dirty.version + 1, marked_at = excluded.marked_at"
 )
 # Any constant: routers starting together take it, so one applies the migrations and the rest wait.
@@ -194,19 +196,16 @@ class LedgerStore:
             )
 
     async def _insert_pg(self, rows: Sequence[LedgerRow]) -> None:
-        """One statement over column arrays, bound by asyncpg itself: building SQLAlchemy's per-row
-        parameters costs ~25 µs a row (a 500-row batch ~14 ms); the arrays cost a few µs a row
-        (docs/ledger.md). The writer runs on the ledger's thread (``db_thread.py``), but that thread
-        shares the GIL with the router's loop: CPU spent here is still CPU the router waits for."""
+        """One transaction: COPY into the staging table, then merge (``PG_MERGE``). The records are
+        plain tuples that asyncpg encodes in C; SQLAlchemy's per-row parameters cost ~25 µs a row
+        and the 100-row unnest statements before this a round trip each (docs/ledger.md)."""
+        records = [tuple(getattr(r, name) for name in PG_COLUMNS) for r in rows]
         async with self.engine.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection
-            # Statements of PG_CHUNK rows: encoding one takes well under a millisecond, and the
-            # GIL is free for the router while each is on the wire. Each is its own transaction, which
-            # the idempotent insert makes safe to repeat.
-            for i in range(0, len(rows), PG_CHUNK):
-                chunk = rows[i : i + PG_CHUNK]
-                columns = ([getattr(r, name) for r in chunk] for name in PG_COLUMNS)
-                await raw.execute(PG_INSERT, *columns, time.time())
+            async with raw.transaction():
+                await raw.execute(PG_CREATE_STAGE)
+                await raw.copy_records_to_table(PG_STAGE, records=records, columns=PG_COLUMNS)
+                await raw.execute(PG_MERGE, time.time())
 
     async def delete_before(self, cutoff: float) -> int:
         """Delete rows that arrived before ``cutoff`` (unix seconds); how many went."""

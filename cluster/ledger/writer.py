@@ -1,13 +1,21 @@
-"""The ledger's writer: rows leave the request path through a queue and reach the database in batches.
+"""The ledger's writer: rows leave the request path through a queue and reach the database (issue 43).
 
-``put`` runs on the router's loop and only appends to a bounded deque (no await, no I/O, no lock:
-a deque's appends and pops are thread-safe), so a request never waits on the database. Everything
-else runs on the ledger's own thread (``db_thread.py``), whose loop owns the SQLAlchemy engine: a
-task there writes the queue every ``interval_s`` or as soon as ``batch_rows`` are waiting. When a
-write fails (the database is down), the rows go to the spill file, and the writer tries the
-database again at most every ``retry_s``; once it answers, the spill file is replayed first.
-Inserts ignore request ids already stored, so a replay after a write whose answer was lost stores
-each row once. The router reads the state and the counters as plain attributes.
+``put`` runs on the router's loop and only appends to a deque (no await, no I/O, no lock). Two tasks
+on the ledger's own thread (``db_thread.py``) move the rows on:
+
+* the **drain** writes to the database: first any spilled rows (this writer's, oldest first, then
+  a dead writer's files), a chunk at a time, then the queue in batches. Every insert ignores request
+  ids already stored, so a chunk or batch sent twice is stored once;
+* the **spool** takes the queue to the spill file (``spill.py``, fsync'd once a batch) whenever the
+  writer is *spilling*: the database failed, or rows queue faster than it takes them. Once spilling,
+  every row goes to disk behind those already there, and the drain replays them in order; when the
+  spill is empty again the drain writes the queue directly.
+
+So a slow database costs disk, not rows, and the memory queue never holds more than a spool
+interval's rows while spilling. Past its bounds (``backpressure.py``) the router sheds new requests
+with 503s rather than drop a row. A close stops both tasks, tries the database for a bounded time,
+and spills the rest; the spill thread runs every file call in order, so nothing is appended to a
+closed file (``spill_io.py``).
 """
 
 from __future__ import annotations
@@ -21,71 +29,94 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cluster.ledger.db_thread import LedgerThread
+from cluster.ledger.replay import ReplayCursor
 from cluster.ledger.rows import LedgerRow
-from cluster.ledger.spill import SpillFile
+from cluster.ledger.spill import SpillClosed, SpillLog
+from cluster.ledger.spill_io import SpillIO
 from cluster.ledger.store import LedgerStore
+from cluster.ledger.writer_tasks import stop_task, wait_wake
 
 log = logging.getLogger(__name__)
-State = Literal["ok", "behind", "spilling"]
+State = Literal["ok", "behind", "spilling", "shedding"]
 Queued = tuple[float, LedgerRow]  # (monotonic time put, row): the age /health reports
 
 
 @dataclass(frozen=True, slots=True)
 class WriterSettings:
-    interval_s: float = 0.2
-    batch_rows: int = 500
-    retry_s: float = 1.0
-    write_timeout_s: float = 10.0  # one batch's insert, at most (``LedgerWriter._insert``)
+    interval_s: float = 0.2  # the spool's (and the idle drain's) tick
+    batch_rows: int = 500  # this many queued wake the drain at once
+    write_rows: int = 2_000  # rows per insert at most (PostgreSQL: one COPY)
+    retry_s: float = 1.0  # after a failed write, the database is tried again this much later
+    write_timeout_s: float = 10.0  # one insert, at most: past it, an outage
     behind_after_s: float = 5.0  # rows waiting longer than this: /health says "behind"
-    # Rows the hand-over queue holds at most; past it a row is dropped and counted. The thread
-    # takes rows every interval and spills them while the database is away, so only a thread
-    # stuck on one batch (``write_timeout_s``) lets the queue grow: 10 s at 1,000 rows/s is 10,000.
-    queue_rows: int = 50_000
-    # A database that answers, but slower than rows come, would let the queue reach ``queue_rows``
-    # and drop: past this many rows queued after a write, the queue goes to the spill file (kept
-    # across restarts, ``max_rows`` a file), to be replayed behind what is replaying now.
-    spill_after_rows: int = 10_000
+    queue_rows: int = 50_000  # the hand-over queue's bound; past it a row is dropped and counted
+    # Rows queued while the database takes a batch: past this many, the writer starts spilling
+    # (a database slower than the rows), so memory never holds much that a kill would lose.
+    spill_after_rows: int = 5_000
+    # Backpressure: the router sheds new requests (503) once the spill file or the queue is this
+    # full, leaving the rest for requests already admitted (``backpressure.py``).
+    shed_at: float = 0.9
 
 
 class LedgerWriter:
     """One router's rows on their way to the database, written by the ledger's thread."""
 
-    def __init__(self, store: LedgerStore, spill: SpillFile, settings: WriterSettings | None = None) -> None:
+    def __init__(self, store: LedgerStore, spill: SpillLog, settings: WriterSettings | None = None) -> None:
         self.store = store
         self.spill = spill
-        self.settings = settings or WriterSettings()
+        self.settings = s = settings or WriterSettings()
         self.thread = LedgerThread()
-        self.written = 0
+        self.io = SpillIO()
+        self.cursor = ReplayCursor(spill, self.io, s.write_rows)
+        self.written = 0  # rows stored, direct or replayed
+        self.spilled = 0  # rows appended to the spill file
         self.write_errors = 0
+        self.spill_errors = 0  # appends the disk refused (full, unwritable): the router sheds
         self.queue_dropped = 0  # rows refused by a full queue or put after the close
         self.last_write = time.time()
         self.migrated = False
-        self._queue: deque[Queued] = deque()  # the router appends, the ledger's thread pops
-        self._inflight: list[Queued] = []  # the batch being inserted
+        self.spilling = False  # rows go to the spill file, behind the rows already there
+        self.spill_failed = False  # the last append failed: shed until one succeeds
+        self._queue: deque[Queued] = deque()  # the router appends; the ledger's threads pop
+        self._inflight: list[Queued] = []  # the batch the drain is inserting
+        self._spooling = False  # an append is on the spill thread
+        self._chunk = s.write_rows  # rows per insert now: quartered after a timeout, then regrown
         self._next_try = 0.0
         self._closed = False
-        self._stopping = False  # the writing task's loop ends at its next turn (``_stop_task``)
-        self._wake = asyncio.Event()  # these two bind to the thread's loop at first use
-        self._flush_lock = asyncio.Lock()
-        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self._drain_lock = asyncio.Lock()  # one drain step at a time: the loop's, a flush's, the close's
+        self._wake_drain = asyncio.Event()  # these bind to the thread's loop at first use
+        self._wake_spool = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
 
     # ---- the request path: O(1), never blocks, never raises ----------------------------------------
     def put(self, row: LedgerRow) -> None:
-        """Queue a row for the ledger's thread."""
         queue = self._queue
         if self._closed or len(queue) >= self.settings.queue_rows:
             self.queue_dropped += 1
             return
         queue.append((time.monotonic(), row))
         if len(queue) == self.settings.batch_rows:  # a batch is waiting: wake the thread once
-            self.thread.soon(self._wake.set)
+            self.thread.soon(self._wake_drain.set)
 
     # ---- state, read from any thread ------------------------------------------------------------------
     @property
+    def shedding(self) -> bool:
+        """Whether the router should refuse new requests: one more would risk a dropped row."""
+        s, spill = self.settings, self.spill
+        return (
+            self.spill_failed
+            or spill.rows >= s.shed_at * spill.max_rows
+            or len(self._queue) >= s.shed_at * s.queue_rows
+        )
+
+    @property
     def state(self) -> State:
-        if self.spill.waiting > 0 or self._next_try > time.monotonic():
+        if self.shedding:
+            return "shedding"
+        if self.spill.waiting > 0 or self.spilling or self._next_try > time.monotonic():
             return "spilling"
-        since = self._oldest_since()
+        since = self._inflight[0][0] if self._inflight else _first_time(self._queue)
         waited = time.monotonic() - since if since is not None else 0.0
         return "behind" if waited > self.settings.behind_after_s else "ok"
 
@@ -96,37 +127,27 @@ class LedgerWriter:
 
     @property
     def dropped(self) -> int:
-        """Rows lost: the spill file or the queue was full (or a row came after the close)."""
-        return self.spill.dropped + self.queue_dropped
+        """Rows lost: the queue was full (the router sheds before), or a row came after the close."""
+        return self.queue_dropped
 
     @property
     def last_write_age_s(self) -> float:
         """Seconds since the writer was last caught up (every row of this router stored)."""
         return max(0.0, time.time() - self.last_write)
 
-    def _oldest_since(self) -> float | None:
-        inflight = self._inflight
-        if inflight:
-            return inflight[0][0]
-        try:
-            return self._queue[0][0]
-        except IndexError:  # emptied by the thread meanwhile
-            return None
-
     # ---- called from the router's loop ------------------------------------------------------------
     def start(self) -> None:
-        """Start the ledger's thread and the writing task on it."""
         self.thread.start()
-        self.thread.soon(self._start_task)
+        self.thread.soon(self._start_tasks)
 
     async def flush(self, force: bool = False) -> None:
-        """Have the thread write the queue now (before a report reads this router's rows)."""
+        """Have the thread write what it can now (before a report reads this router's rows)."""
         self.thread.start()
         await self.thread.call(lambda: self._flush(force))
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued (to the spill file if the database will not take it), then stop
-        the thread. A writer never started still writes what was put; a second close does nothing."""
+        """Write what is queued and spilled for up to ``timeout_s`` (the rest to the spill file, for
+        the next writer), then stop the thread. A second close does nothing."""
         if self._closed and not self.thread.running:
             return
         self.thread.start()
@@ -140,125 +161,176 @@ class LedgerWriter:
             log.warning("ledger: %d rows put during the close dropped", late)
 
     # ---- on the ledger's thread ---------------------------------------------------------------------
-    def _start_task(self) -> None:
-        if self._task is None and not self._closed:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+    def _start_tasks(self) -> None:
+        if not self._tasks and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._drain_loop()), loop.create_task(self._spool_loop())]
+
+    async def _flush(self, force: bool) -> None:
+        if force:
+            self._next_try = 0.0
+        while await self.drain_step():
+            pass
+        await self.spool()
 
     async def _close(self, timeout_s: float) -> None:
-        await self._stop_task()
+        self._stopping = True
+        for task in self._tasks:
+            await stop_task(task)
+        self._tasks = []
+        await self.io.barrier()  # an append a cancel left running has ended: its rows are on disk
+        self._spooling = False
+        self.cursor.search_now()
         try:
             async with asyncio.timeout(timeout_s):
-                await self._flush(force=True)
+                async with self._drain_lock:
+                    while await self._step(with_others=False):
+                        pass
         except Exception as exc:
-            log.warning("ledger: final write failed (%s); spilling %d rows", exc, self.pending_rows)
+            log.warning("ledger: final write failed (%r); spilling %d rows", exc, self.pending_rows)
         self._closed = True  # from here ``put`` refuses: what follows is spilled or counted
-        await asyncio.to_thread(self._spill_all)
-        await asyncio.to_thread(self.spill.close)
+        await self.io.run(self._append_job)
+        await self.io.run(self.cursor.release)
+        await self.io.run(self.spill.close)
+        await self.io.close()
         await self.store.close()
 
-    async def _stop_task(self) -> None:
-        """End the writing task, interrupting a write in progress. A cancel alone is not enough:
-        on Python 3.11 ``asyncio.wait_for`` (here, or inside a driver) returns normally when the
-        cancel races the result it waited for, and the task runs on. A close awaiting that task
-        hung forever (1 run in ~16 of the outage-restart test). The flag ends the loop at its next
-        turn whatever became of the cancel, and ``asyncio.wait`` never swallows one of ours."""
-        task, self._stopping = self._task, True
-        while task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=0.1)
-        if task is not None and not task.cancelled() and task.exception() is not None:
-            log.warning("ledger: the writing task failed: %r", task.exception())
-        self._task = None
+    async def _drain_loop(self) -> None:
+        moved = False
+        while not self._stopping:
+            if not moved:  # a backlog moves without pause; an idle drain waits for rows or a tick
+                await wait_wake(self._wake_drain, self.settings.interval_s)
+            if self._stopping:
+                return
+            moved = await self.drain_step()
 
-    async def _run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.interval_s):
-                    await self._wake.wait()  # in this task: no inner task whose result races a cancel
-            self._wake.clear()
-            if self._stopping:  # set by ``_stop_task``, whether or not its cancel got through
+    async def _spool_loop(self) -> None:
+        while not self._stopping:
+            await wait_wake(self._wake_spool, self.settings.interval_s)
+            if self._stopping:
                 return
             try:
-                await self._flush()
+                await self.spool()
             except Exception as exc:  # never let the task die: the next tick tries again
-                log.warning("ledger: flush failed: %s", exc)
+                log.warning("ledger: spool failed: %r", exc)
 
-    async def _flush(self, force: bool = False) -> None:
-        """Write every queued row (and replay the spill file) if the database answers; else spill.
-        ``force``: try the database now even inside the retry back-off."""
-        async with self._flush_lock:
-            if not force and time.monotonic() < self._next_try:
-                if len(self._queue) >= self.settings.batch_rows:  # keep memory small while down
-                    await asyncio.to_thread(self._spill_all)
-                return
-            try:
-                await self._write_all()
-                self._next_try = 0.0
-                self.last_write = time.time()  # caught up: nothing of this router waits
-            except Exception as exc:
-                self.write_errors += 1
-                self._next_try = time.monotonic() + self.settings.retry_s
-                log.warning("ledger: database write failed (%s): spilling", type(exc).__name__)
-                await asyncio.to_thread(self._spill_all)
+    async def drain_step(self) -> bool:
+        """One step toward the database; whether it moved rows. A failure starts spilling."""
+        if time.monotonic() < self._next_try:
+            return False
+        try:
+            async with self._drain_lock:
+                moved = await self._step()
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        self._next_try = 0.0
+        return moved
 
-    async def _write_all(self) -> None:
-        """Migrate (once), replay spilled rows, then write the queue."""
+    def _failed(self, exc: BaseException) -> None:
+        self.write_errors += 1
+        self._next_try = time.monotonic() + self.settings.retry_s
+        if isinstance(exc, TimeoutError):  # maybe only slow: smaller inserts fit the timeout
+            self._chunk = max(50, self._chunk // 4)
+        if not self.spilling:
+            log.warning("ledger: database write failed (%r): spilling", exc)
+        self.spilling = True
+        self._wake_spool.set()
+
+    async def _step(self, with_others: bool = True) -> bool:
         if not self.migrated:
             async with asyncio.timeout(self.settings.write_timeout_s):
                 await self.store.migrate()
             self.migrated = True
-        await self._replay()
-        queue = self._queue
-        while queue:
-            size = min(len(queue), 4 * self.settings.batch_rows)
-            batch = [queue.popleft() for _ in range(size)]
-            self._inflight = batch
-            try:
-                await self._insert([row for _, row in batch])
-            except BaseException:  # a timeout's cancel too: the rows go back, in order, to be spilled
-                queue.extendleft(reversed(batch))
-                raise
-            finally:
-                self._inflight = []
-            self._wrote(len(batch))
-            await self._spill_if_behind()
+        self.cursor.chunk_rows = self._chunk
+        chunk = await self.cursor.next_chunk(with_others)
+        if chunk is not None:
+            await self._insert(chunk.rows)
+            await self.cursor.stored(chunk)
+            self._stored(len(chunk.rows))
+            return True
+        if self.spilling:
+            if self.spill.waiting or self._spooling:
+                return False  # an append is on its way: replay it before writing newer rows
+            self.spilling = False  # caught up: the queue is newer than every stored row
+            log.info("ledger: spill replayed; writing directly again")
+        return await self._write_queue()
 
-    def _wrote(self, rows: int) -> None:
+    def _stored(self, rows: int) -> None:
         self.written += rows
-        self.last_write = time.time()
+        self._chunk = min(self.settings.write_rows, self._chunk * 2)  # regrow after a timeout
+        if not self._queue and not self.spill.waiting and not self.spilling:
+            self.last_write = time.time()  # caught up: nothing of this router waits
 
-    async def _spill_if_behind(self) -> None:
-        """Rows coming faster than the database takes them: the queue goes to the spill file."""
-        if len(self._queue) > self.settings.spill_after_rows:
-            await asyncio.to_thread(self._spill_all)
-
-    def _spill_all(self) -> None:
+    async def _write_queue(self) -> bool:
         queue = self._queue
-        rows = [queue.popleft()[1] for _ in range(len(queue))]
-        if rows:
-            self.spill.append(rows)
-
-    async def _replay(self) -> None:
-        """The spill files (this writer's, then any dead writer's) into the database."""
-        rows = await asyncio.to_thread(self.spill.take_own)  # moved aside: spills go on meanwhile
-        if rows:
-            await self._insert_all(rows)
-            await asyncio.to_thread(self.spill.replayed)
-        for path in await asyncio.to_thread(self.spill.others):
-            with self.spill.adopt(path) as rows:
-                if rows:
-                    await self._insert_all(rows)
-
-    async def _insert_all(self, rows: list[LedgerRow]) -> None:
-        step = 4 * self.settings.batch_rows
-        for i in range(0, len(rows), step):
-            await self._insert(rows[i : i + step])
-            self._wrote(len(rows[i : i + step]))
-            await self._spill_if_behind()
+        batch = _take(queue, min(len(queue), self._chunk))
+        if not batch:
+            self._stored(0)
+            return False
+        self._inflight = batch
+        try:
+            await self._insert([row for _, row in batch])
+        except BaseException:  # a timeout's cancel too: the rows go back in front, to be spilled
+            queue.extendleft(reversed(batch))
+            raise
+        finally:
+            self._inflight = []
+        self._stored(len(batch))
+        return True
 
     async def _insert(self, rows: list[LedgerRow]) -> None:
-        """One bounded write: a batch that takes longer is an outage (a silent network, not only a
-        refused port), spilled rather than waited on. A replay interrupted so is replayed whole
-        later; the insert ignores the rows already stored."""
         async with asyncio.timeout(self.settings.write_timeout_s):
             await self.store.insert(rows)
+
+    async def spool(self) -> int:
+        """The queue to disk when spilling, or when it outgrew ``spill_after_rows`` (the database is
+        slower than the rows: spilling starts). How many rows were appended. The batch the drain
+        is inserting stays with it: stored, or put back in front of the queue to be spilled next."""
+        if not self.spilling:
+            if len(self._queue) <= self.settings.spill_after_rows:
+                return 0
+            log.warning("ledger: %d rows queued: the database is behind, spilling", len(self._queue))
+            self.spilling = True
+        self._spooling = True
+        try:
+            appended = await self.io.run(self._append_job)
+        finally:
+            self._spooling = False
+        self._wake_drain.set()
+        return appended
+
+    def _append_job(self) -> int:
+        """On the spill thread: the queue, appended in order. Rows the file refuses (full, a disk
+        error, closed) go back to the front of the queue; none is ever lost here."""
+        rows = _take(self._queue, len(self._queue))
+        if not rows:
+            return 0
+        try:
+            kept = self.spill.append([row for _, row in rows])
+            self.spill_failed = kept < len(rows)
+        except SpillClosed:
+            kept = 0
+        except OSError as exc:
+            kept, self.spill_failed = 0, True
+            self.spill_errors += 1
+            log.error("ledger: spill append failed (%r): shedding load until it works", exc)
+        self.spilled += kept
+        self._queue.extendleft(reversed(rows[kept:]))
+        return kept
+
+
+def _take(queue: deque[Queued], n: int) -> list[Queued]:
+    """Up to ``n`` rows from the front (another thread may pop meanwhile: never raises)."""
+    out = []
+    with contextlib.suppress(IndexError):
+        for _ in range(n):
+            out.append(queue.popleft())
+    return out
+
+
+def _first_time(queue: deque[Queued]) -> float | None:
+    try:
+        return queue[0][0]
+    except IndexError:  # emptied by the thread meanwhile
+        return None

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from cluster.ledger import metrics
 from cluster.ledger.rows import LedgerRow
-from cluster.ledger.spill import SpillFile
+from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
 from tests.ledger.rows_factory import rows
@@ -22,7 +22,7 @@ FAST = WriterSettings(interval_s=0.05, batch_rows=100, retry_s=0.3, behind_after
 
 
 def writer_for(dsn: str, spill_dir: Path, owner: str = "r1") -> LedgerWriter:
-    return LedgerWriter(LedgerStore(dsn), SpillFile(spill_dir, owner, max_rows=100_000), FAST)
+    return LedgerWriter(LedgerStore(dsn), SpillLog(spill_dir, owner, max_rows=100_000), FAST)
 
 
 async def wait_for(predicate, timeout_s: float = 20.0) -> bool:
@@ -46,7 +46,7 @@ async def test_put_never_waits_and_rows_arrive_in_batches(dsn: str, tmp_path: Pa
     store = LedgerStore(dsn)
     try:
         assert await wait_for(lambda: _count(store, 2000))
-        assert writer.state == "ok" and writer.pending_rows == 0 and writer.spill.rows == 0
+        assert writer.state == "ok" and writer.pending_rows == 0 and writer.spill.waiting == 0
     finally:
         await writer.close()
         await store.close()
@@ -78,7 +78,7 @@ async def test_an_outage_spills_and_every_row_lands_once(pg_dsn: str, tmp_path: 
                     writer.put(r)
                 sent += 50
                 states.add(writer.state)
-                if not up and writer.spill.rows:
+                if not up and writer.spill.waiting:
                     scraped = generate_latest(registry).decode()
                 await asyncio.sleep(0.02)
         assert "spilling" in states
@@ -88,7 +88,7 @@ async def test_an_outage_spills_and_every_row_lands_once(pg_dsn: str, tmp_path: 
         try:
             assert await wait_for(lambda: _count(store, sent)), (await store.count("app"), sent)
             assert await wait_for(_ok(writer))
-            assert writer.spill.rows == 0 and writer.pending_rows == 0
+            assert writer.spill.waiting == 0 and writer.pending_rows == 0
         finally:
             await store.close()
     finally:
@@ -131,47 +131,72 @@ async def test_a_restart_during_an_outage_loses_nothing(pg_dsn: str, tmp_path: P
         proxy.close()
 
 
-def test_the_spill_file_is_bounded(tmp_path: Path) -> None:
-    spill = SpillFile(tmp_path, "r1", max_rows=30)
+def _replay_all(spill: SpillLog) -> list[str]:
+    """Every own row in replay order, chunk by chunk, as the writer's cursor reads them."""
+    out = []
+    while (segment := spill.oldest()) is not None:
+        offset, last = 0, False
+        while not last:
+            chunk, offset, last = SpillLog.read(segment, offset, 7)
+            out += [r.request_id for r in chunk]
+        spill.done(segment)
+    return out
+
+
+def test_the_spill_log_is_bounded_and_refuses_rather_than_drops(tmp_path: Path) -> None:
+    spill = SpillLog(tmp_path, "r1", max_rows=30)
     assert spill.append(rows(20)) == 20
-    assert spill.append(rows(20, seed=3)) == 10
-    assert spill.rows == 30 and spill.dropped == 10
-    assert len(spill.read_own()) == 30
+    assert spill.append(rows(20, seed=3)) == 10  # the other 10 stay with the caller
+    assert spill.rows == 30 and spill.room == 0
+    assert len(_replay_all(spill)) == 30 and spill.rows == 0
     spill.close()
-    again = SpillFile(tmp_path, "r1", max_rows=30)  # a restart counts what is there
-    assert again.rows == 30
-    again.close()
 
 
-def test_a_replay_takes_the_file_aside_so_spills_during_it_are_kept(tmp_path: Path) -> None:
-    spill = SpillFile(tmp_path, "r1", max_rows=100)
-    first, during = rows(4), rows(3, seed=11)
-    spill.append(first)
-    taken = spill.take_own()
-    assert [r.request_id for r in taken] == [r.request_id for r in first]
+def test_rows_spilled_during_a_replay_are_kept_and_replayed_in_order(tmp_path: Path) -> None:
+    spill = SpillLog(tmp_path, "r1", max_rows=1000, segment_rows=10)
+    first, during = rows(25), rows(3, seed=11)
+    spill.append(first)  # two sealed segments of 10, a tail of 5
+    segment = spill.oldest()
+    assert segment is not None
+    chunk, offset, last = SpillLog.read(segment, 0, 4)
     spill.append(during)  # the database is slow: more rows spill while the replay runs
-    assert spill.rows == 3 and spill.aside_rows == 4 and spill.waiting == 7
-    assert len(spill.take_own()) == 4  # not stored yet: the same rows again, not the new ones
-    spill.replayed()
-    assert spill.aside_rows == 0
-    assert [r.request_id for r in spill.take_own()] == [r.request_id for r in during]
-    spill.close()  # that replay did not finish: its file stays for the next writer
-    heir = SpillFile(tmp_path, "r2", max_rows=100)
-    (path,) = heir.others()
-    with heir.adopt(path) as adopted:
-        assert adopted is not None and len(adopted) == 3
-    assert not heir.others()
-    heir.close()
+    assert not last and [r.request_id for r in chunk] == [r.request_id for r in first[:4]]
+    rest = [r.request_id for r in SpillLog.read(segment, offset, 100)[0]]
+    spill.done(segment)
+    assert rest + _replay_all(spill) == [r.request_id for r in first[4:] + during]
+    spill.close()
+    assert not list(tmp_path.glob("*.jsonl"))
 
 
-@pytest.mark.parametrize("garbage", ['{"request_id": "cut', "not json"])
-def test_a_line_cut_by_a_crash_does_not_lose_the_others(tmp_path: Path, garbage: str) -> None:
-    spill = SpillFile(tmp_path, "r1", max_rows=100)
+def test_a_dead_writers_file_is_adopted_once(tmp_path: Path) -> None:
+    dead, spilled = SpillLog(tmp_path, "r1", max_rows=100), rows(12)
+    dead.append(spilled)
+    live = SpillLog(tmp_path, "r2", max_rows=100)
+    (path,) = live.others()
+    assert live.adopt(path) is None  # its writer lives: the lock is taken
+    dead.close()  # stopped (or killed): the lock goes with the process
+    segment = live.adopt(path)
+    assert segment is not None and segment.adopted
+    assert SpillLog.read(segment, 0, 100)[0] == spilled
+    assert SpillLog(tmp_path, "r3", max_rows=100).adopt(path) is None  # adopted by one writer only
+    live.done(segment)
+    assert not live.others()
+    live.close()
+
+
+@pytest.mark.parametrize("garbage", [b'{"request_id": "cut', b"not json\n"])
+def test_a_line_cut_by_a_crash_does_not_lose_the_others(tmp_path: Path, garbage: bytes) -> None:
+    spill = SpillLog(tmp_path, "r1", max_rows=100)
     spill.append(rows(3))
-    with spill.path.open("a") as f:
-        f.write(garbage + "\n")
-    spill.append(rows(2, seed=9))
-    assert len(spill.read_own()) == 5
+    (path,) = tmp_path.glob("*.jsonl")
+    with path.open("ab") as f:
+        f.write(garbage)
+    if garbage.endswith(b"\n"):
+        spill.append(rows(2, seed=9))
+        assert len(_replay_all(spill)) == 5
+    else:  # the cut line is the file's last: the writer died writing it
+        segment = spill.oldest()
+        assert segment is not None and len(SpillLog.read(segment, 0, 100)[0]) == 3
     spill.close()
 
 

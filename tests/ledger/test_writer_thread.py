@@ -16,7 +16,7 @@ from cluster.ledger import router_ledger
 from cluster.ledger.router_ledger import RouterLedger
 from cluster.ledger.rows import Pricing
 from cluster.ledger.schema import requests
-from cluster.ledger.spill import SpillFile
+from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
 from tests.ledger.rows_factory import rows
@@ -53,7 +53,7 @@ async def test_database_calls_run_on_the_ledger_thread_and_the_close_stores_ever
 ) -> None:
     store = LedgerStore(dsn)
     spy = ThreadSpy(store, ("migrate", "insert", "close"))
-    writer = LedgerWriter(store, SpillFile(tmp_path, "r1", 100_000), SLOW)
+    writer = LedgerWriter(store, SpillLog(tmp_path, "r1", 100_000), SLOW)
     writer.start()
     for r in rows(1500):
         writer.put(r)  # the long interval: nothing is written until the close
@@ -83,19 +83,19 @@ async def test_a_failing_database_spills_and_the_thread_replays(sqlite_dsn: str,
         await real_insert(batch)
 
     store.insert = insert  # type: ignore[method-assign]
-    writer = LedgerWriter(store, SpillFile(tmp_path, "r1", 100_000), SLOW)
+    writer = LedgerWriter(store, SpillLog(tmp_path, "r1", 100_000), SLOW)
     writer.start()
     try:
         for r in rows(300, seed=1):
             writer.put(r)
         await writer.flush(force=True)
-        assert writer.spill.rows == 300 and writer.state == "spilling" and writer.write_errors == 1
+        assert writer.spill.waiting == 300 and writer.state == "spilling" and writer.write_errors == 1
         for r in rows(200, seed=2):
             writer.put(r)
         failing.clear()
         await asyncio.sleep(SLOW.retry_s)
         await writer.flush()  # past the back-off: the spill file first, then the queue
-        assert writer.spill.rows == 0 and writer.state == "ok"
+        assert writer.spill.waiting == 0 and writer.state == "ok"
         assert await _stored(sqlite_dsn) == 500
     finally:
         await writer.close()
@@ -104,7 +104,7 @@ async def test_a_failing_database_spills_and_the_thread_replays(sqlite_dsn: str,
 
 async def test_a_full_queue_drops_and_counts_without_blocking(sqlite_dsn: str, tmp_path: Path) -> None:
     settings = WriterSettings(interval_s=60.0, batch_rows=100_000, queue_rows=50)
-    writer = LedgerWriter(LedgerStore(sqlite_dsn), SpillFile(tmp_path, "r1", 100_000), settings)
+    writer = LedgerWriter(LedgerStore(sqlite_dsn), SpillLog(tmp_path, "r1", 100_000), settings)
     writer.start()
     for r in rows(80):
         writer.put(r)
@@ -130,7 +130,7 @@ async def test_a_database_slower_than_the_rows_spills_them_instead_of_dropping(
 
     store.insert = slow_insert
     settings = WriterSettings(interval_s=0.01, batch_rows=10, queue_rows=300, spill_after_rows=50)
-    writer = LedgerWriter(store, SpillFile(tmp_path, "r1", 100_000), settings)
+    writer = LedgerWriter(store, SpillLog(tmp_path, "r1", 100_000), settings)
     writer.start()
     writer.put(rows(1, seed=99)[0])
     await writer.flush()  # migrated and writing: the stream of rows starts now
@@ -172,7 +172,7 @@ async def test_a_close_ends_a_writing_task_that_swallowed_its_cancel(sqlite_dsn:
 
     store.insert = insert_swallowing_one_cancel
     settings = WriterSettings(interval_s=0.05, batch_rows=100, write_timeout_s=60.0)
-    writer = LedgerWriter(store, SpillFile(tmp_path, "r1", 100_000), settings)
+    writer = LedgerWriter(store, SpillLog(tmp_path, "r1", 100_000), settings)
     writer.start()
     for r in rows(50):
         writer.put(r)
