@@ -21,11 +21,9 @@ closed file (``spill_io.py``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Literal
 
 from cluster.ledger.db_thread import LedgerThread
@@ -34,28 +32,13 @@ from cluster.ledger.rows import LedgerRow
 from cluster.ledger.spill import SpillClosed, SpillLog
 from cluster.ledger.spill_io import SpillIO
 from cluster.ledger.store import LedgerStore
-from cluster.ledger.writer_tasks import stop_task, wait_wake
+from cluster.ledger.writer_settings import WriterSettings
+from cluster.ledger.writer_tasks import first_time, stop_task, take, wait_wake
 
 log = logging.getLogger(__name__)
 State = Literal["ok", "behind", "spilling", "shedding"]
 Queued = tuple[float, LedgerRow]  # (monotonic time put, row): the age /health reports
-
-
-@dataclass(frozen=True, slots=True)
-class WriterSettings:
-    interval_s: float = 0.2  # the spool's (and the idle drain's) tick
-    batch_rows: int = 500  # this many queued wake the drain at once
-    write_rows: int = 2_000  # rows per insert at most (PostgreSQL: one COPY)
-    retry_s: float = 1.0  # after a failed write, the database is tried again this much later
-    write_timeout_s: float = 10.0  # one insert, at most: past it, an outage
-    behind_after_s: float = 5.0  # rows waiting longer than this: /health says "behind"
-    queue_rows: int = 50_000  # the hand-over queue's bound; past it a row is dropped and counted
-    # Rows queued while the database takes a batch: past this many, the writer starts spilling
-    # (a database slower than the rows), so memory never holds much that a kill would lose.
-    spill_after_rows: int = 5_000
-    # Backpressure: the router sheds new requests (503) once the spill file or the queue is this
-    # full, leaving the rest for requests already admitted (``backpressure.py``).
-    shed_at: float = 0.9
+MIN_INSERT_ROWS = 50
 
 
 class LedgerWriter:
@@ -116,7 +99,7 @@ class LedgerWriter:
             return "shedding"
         if self.spill.waiting > 0 or self.spilling or self._next_try > time.monotonic():
             return "spilling"
-        since = self._inflight[0][0] if self._inflight else _first_time(self._queue)
+        since = self._inflight[0][0] if self._inflight else first_time(self._queue)
         waited = time.monotonic() - since if since is not None else 0.0
         return "behind" if waited > self.settings.behind_after_s else "ok"
 
@@ -231,7 +214,7 @@ class LedgerWriter:
         self.write_errors += 1
         self._next_try = time.monotonic() + self.settings.retry_s
         if isinstance(exc, TimeoutError):  # maybe only slow: smaller inserts fit the timeout
-            self._chunk = max(50, self._chunk // 4)
+            self._chunk = max(MIN_INSERT_ROWS, self._chunk // 4)
         if not self.spilling:
             log.warning("ledger: database write failed (%r): spilling", exc)
         self.spilling = True
@@ -258,13 +241,19 @@ class LedgerWriter:
 
     def _stored(self, rows: int) -> None:
         self.written += rows
-        self._chunk = min(self.settings.write_rows, self._chunk * 2)  # regrow after a timeout
         if not self._queue and not self.spill.waiting and not self.spilling:
             self.last_write = time.time()  # caught up: nothing of this router waits
 
+    def _sized(self, rows: int, took_s: float) -> None:
+        """The next insert's size: what the database took in a quarter of the write timeout at the
+        rate it just showed (a slow database gets inserts that end, not timeouts that redo them)."""
+        if rows >= self._chunk or took_s > 0.05:
+            fits = int(rows / max(took_s, 1e-3) * self.settings.write_timeout_s / 4)
+            self._chunk = max(MIN_INSERT_ROWS, min(self.settings.write_rows, fits))
+
     async def _write_queue(self) -> bool:
         queue = self._queue
-        batch = _take(queue, min(len(queue), self._chunk))
+        batch = take(queue, min(len(queue), self._chunk))
         if not batch:
             self._stored(0)
             return False
@@ -280,8 +269,10 @@ class LedgerWriter:
         return True
 
     async def _insert(self, rows: list[LedgerRow]) -> None:
+        began = time.monotonic()
         async with asyncio.timeout(self.settings.write_timeout_s):
             await self.store.insert(rows)
+        self._sized(len(rows), time.monotonic() - began)
 
     async def spool(self) -> int:
         """The queue to disk when spilling, or when it outgrew ``spill_after_rows`` (the database is
@@ -303,7 +294,7 @@ class LedgerWriter:
     def _append_job(self) -> int:
         """On the spill thread: the queue, appended in order. Rows the file refuses (full, a disk
         error, closed) go back to the front of the queue; none is ever lost here."""
-        rows = _take(self._queue, len(self._queue))
+        rows = take(self._queue, len(self._queue))
         if not rows:
             return 0
         try:
@@ -320,17 +311,4 @@ class LedgerWriter:
         return kept
 
 
-def _take(queue: deque[Queued], n: int) -> list[Queued]:
-    """Up to ``n`` rows from the front (another thread may pop meanwhile: never raises)."""
-    out = []
-    with contextlib.suppress(IndexError):
-        for _ in range(n):
-            out.append(queue.popleft())
-    return out
-
-
-def _first_time(queue: deque[Queued]) -> float | None:
-    try:
-        return queue[0][0]
-    except IndexError:  # emptied by the thread meanwhile
-        return None
+__all__ = ["LedgerWriter", "WriterSettings"]

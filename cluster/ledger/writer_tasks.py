@@ -1,10 +1,12 @@
-"""How the writer's tasks sleep and stop, on the ledger's thread."""
+"""How the writer's tasks sleep and stop on the ledger's thread, and take rows from its queue."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections import deque
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -29,3 +31,19 @@ async def stop_task(task: asyncio.Task) -> None:
         await asyncio.wait({task}, timeout=0.1)
     if not task.cancelled() and task.exception() is not None:
         log.warning("ledger: a writer task failed: %r", task.exception())
+
+
+def take(queue: deque, n: int) -> list[Any]:
+    """Up to ``n`` rows from the front (another thread may pop meanwhile: never raises)."""
+    out = []
+    with contextlib.suppress(IndexError):
+        for _ in range(n):
+            out.append(queue.popleft())
+    return out
+
+
+def first_time(queue: deque) -> float | None:
+    try:
+        return queue[0][0]
+    except IndexError:  # emptied by the thread meanwhile
+        return None

@@ -1,5 +1,7 @@
 """A TCP forwarder in front of PostgreSQL that the outage drills stop and start: stopped, its port
-refuses connections and every connection through it is cut, as when the database goes away."""
+refuses connections and every connection through it is cut, as when the database goes away (or
+restarts). ``throttle`` caps the bytes a second each direction of a connection carries: a database
+that answers, but slower than the rows come."""
 
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ class TcpProxy:
         self._thread.start()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self.bytes_per_s: float | None = None
+
+    def throttle(self, bytes_per_s: float | None) -> None:
+        """Each read forwarded waits as long as its bytes take at this rate; None: full speed."""
+        self.bytes_per_s = bytes_per_s
 
     @classmethod
     def for_dsn(cls, dsn: str) -> tuple[TcpProxy, str]:
@@ -82,6 +89,8 @@ class TcpProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
             while data := await reader.read(65536):
+                if self.bytes_per_s:
+                    await asyncio.sleep(len(data) / self.bytes_per_s)
                 writer.write(data)
                 await writer.drain()
         with contextlib.suppress(Exception):
