@@ -8,6 +8,7 @@ past it only once the caller has stored it; a segment goes once its last chunk i
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -52,9 +53,9 @@ class ReplayCursor:
 
     async def stored(self, chunk: Chunk) -> None:
         """``chunk`` is in the database: move past it (and delete its segment if it was the last)."""
-        if chunk.last:
-            await self.io.run(self.spill.done, chunk.segment)
+        if chunk.last:  # the cursor moves first: a cancel during the (shielded) delete leaves it right
             self._segment, self._offset = None, 0
+            await self.io.run(self.spill.done, chunk.segment)
         else:
             self._offset = chunk.end
 
@@ -76,7 +77,12 @@ class ReplayCursor:
             self._next_search = now + OTHERS_EVERY_S
             self._others = await self.io.run(self.spill.others)
         while self._others:
-            segment = await self.io.run(self.spill.adopt, self._others.pop(0))
+            job = self.io.submit(self.spill.adopt, self._others.pop(0))
+            try:
+                segment = await asyncio.shield(asyncio.wrap_future(job))
+            except asyncio.CancelledError:  # the file stays locked by the job: let it go again
+                job.add_done_callback(lambda done: done.result() and self.spill.release(done.result()))
+                raise
             if segment is not None:
                 return segment
         return None
