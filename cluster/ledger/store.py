@@ -202,10 +202,18 @@ class LedgerStore:
         records = [tuple(getattr(r, name) for name in PG_COLUMNS) for r in rows]
         async with self.engine.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection
-            async with raw.transaction():
-                await raw.execute(PG_CREATE_STAGE)
-                await raw.copy_records_to_table(PG_STAGE, records=records, columns=PG_COLUMNS)
-                await raw.execute(PG_MERGE, time.time())
+            if raw.is_in_transaction():  # left open by an insert cancelled mid-way (a timeout)
+                await raw.execute("ROLLBACK")
+            try:
+                async with raw.transaction():
+                    await raw.execute(PG_CREATE_STAGE)
+                    await raw.copy_records_to_table(PG_STAGE, records=records, columns=PG_COLUMNS)
+                    await raw.execute(PG_MERGE, time.time())
+            except BaseException:
+                # A cancel can cut the transaction's own rollback: the pool must not hand this
+                # connection out again half-way through (its pre-ping finds it closed, reconnects).
+                raw.terminate()
+                raise
 
     async def delete_before(self, cutoff: float) -> int:
         """Delete rows that arrived before ``cutoff`` (unix seconds); how many went."""
