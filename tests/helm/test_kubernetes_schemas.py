@@ -40,6 +40,7 @@ def _crd_errors(doc: dict[str, Any], schema_file: str) -> list[str]:
 def test_only_known_kinds_are_rendered(rendered: Rendered) -> None:
     """Nothing escapes validation: every kind is a Kubernetes built-in or a CRD the tests check."""
     built_in = {"ConfigMap", "Secret", "Service", "ServiceAccount", "StatefulSet", "Ingress", "NetworkPolicy"}
+    built_in |= {"PersistentVolumeClaim"}
     assert rendered.kinds() <= built_in | CRD_KINDS
     assert {"RayService", "ConfigMap", "Service", "ServiceAccount"} <= rendered.kinds()
 

@@ -72,3 +72,46 @@ def test_the_ledger_password_is_random_when_not_given() -> None:
     first = render(values).secret_data("fl-fairlane-ledger")["password"]
     second = render(values).secret_data("fl-fairlane-ledger")["password"]
     assert len(first) == 32 and first.isalnum() and first != second
+
+
+def _spill_mounts(rendered: Rendered) -> dict[str, tuple[dict, dict]]:
+    """Where (head, worker group) -> (its ledger-spill volume, its Ray container's mount of it)."""
+    out = {}
+    for where, container, pod in rendered.containers():
+        if container["name"].startswith("ray-"):
+            (volume,) = [v for v in pod["volumes"] if v["name"] == "ledger-spill"]
+            (mount,) = [m for m in container["volumeMounts"] if m["name"] == "ledger-spill"]
+            out[where] = (volume, mount)
+    return out
+
+
+def test_every_ray_pod_keeps_the_spill_on_the_release_claim() -> None:
+    """A rolling update replaces the pods, not the claim: the next routers adopt the spilled rows."""
+    rendered = render_variant("default")
+    spill_dir = AppConfig.model_validate(rendered.app_args).ledger_spill_dir
+    claim = rendered.one("PersistentVolumeClaim", "fl-fairlane-ledger-spill")
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    mounts = _spill_mounts(rendered)
+    assert set(mounts) == {w for w, c, _ in rendered.containers() if c["name"].startswith("ray-")}
+    for volume, mount in mounts.values():
+        assert volume["persistentVolumeClaim"] == {"claimName": "fl-fairlane-ledger-spill"}
+        assert mount["mountPath"] == spill_dir
+
+
+def test_the_spill_volume_can_be_an_existing_claim_a_node_directory_or_an_emptydir() -> None:
+    existing = render({"ledger": {"spill": {"pvc": {"existingClaim": "billing-spill"}}}})
+    assert not existing.has("PersistentVolumeClaim", "fl-fairlane-ledger-spill")
+    assert {v["persistentVolumeClaim"]["claimName"] for v, _ in _spill_mounts(existing).values()} == {
+        "billing-spill"
+    }
+    node = render({"ledger": {"spill": {"volume": "hostPath"}}})
+    paths = {v["hostPath"]["path"] for v, _ in _spill_mounts(node).values()}
+    assert paths == {"/var/lib/fairlane/ledger-spill"}
+    assert not node.has("PersistentVolumeClaim", "fl-fairlane-ledger-spill")
+    scratch = render({"ledger": {"spill": {"volume": "emptyDir"}}})
+    assert all(v == {"name": "ledger-spill", "emptyDir": {}} for v, _ in _spill_mounts(scratch).values())
+    off = render({"app": {"ledger": False}})
+    assert not off.has("PersistentVolumeClaim", "fl-fairlane-ledger-spill")
+    assert all("ledger-spill" not in {v["name"] for v in pod["volumes"]} for _, _, pod in off.containers())

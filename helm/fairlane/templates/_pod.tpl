@@ -47,6 +47,10 @@
 - name: cache
   mountPath: {{ .Values.ray.cacheDir }}
 {{- end }}
+{{- if .Values.app.ledger }}
+- name: ledger-spill
+  mountPath: {{ .Values.app.ledger_spill_dir }}
+{{- end }}
 {{- end }}
 
 {{- define "fairlane.ray.volumes" -}}
@@ -73,6 +77,9 @@
   emptyDir: {}
 - name: cache
   emptyDir: {}
+{{- end }}
+{{- if .Values.app.ledger }}
+{{ include "fairlane.ledger.spillVolume" . }}
 {{- end }}
 {{- end }}
 
