@@ -19,6 +19,7 @@ Not thread-safe: every call runs on the writer's one spill thread (``spill_io.py
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import uuid
@@ -95,9 +96,13 @@ class SpillLog:
         if not kept:
             return 0
         tail = self._open_tail()
-        tail.file.write(_encode(kept))
-        tail.file.flush()
-        os.fsync(tail.file.fileno())  # once per batch: a crash after this loses none of them
+        try:
+            tail.file.write(_encode(kept))
+            tail.file.flush()
+            os.fsync(tail.file.fileno())  # once per batch: a crash after this loses none of them
+        except OSError:
+            self._abandon_tail()
+            raise
         tail.rows += len(kept)
         self.rows += len(kept)
         if tail.rows >= self.segment_rows:
@@ -109,6 +114,18 @@ class SpillLog:
             self._seq += 1
             self._tail = Segment(*_locked(self.folder / f"{self.stem}-{self._seq:06d}.jsonl"))
         return self._tail
+
+    def _abandon_tail(self) -> None:
+        """A write failed part-way (a full disk): the next row must not follow a cut line, so the
+        tail is sealed as it is (its cut last line is skipped at the replay; the caller keeps the
+        batch's rows, and those that did reach the file are stored once) and a new one starts."""
+        tail = self._tail
+        if tail is not None and tail.rows == 0:
+            with contextlib.suppress(OSError):  # its buffer cannot be written either
+                tail.file.close()
+            tail.path.unlink(missing_ok=True)
+            self._tail = None
+        self.seal()
 
     def seal(self) -> None:
         """The tail stops growing: it can be replayed; the next append starts a new segment."""

@@ -140,6 +140,9 @@ class LedgerStore:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
+        # A PostgreSQL insert still running past this is cut (the connection terminated): a cancel
+        # alone waits for asyncpg to drain the COPY through the network, which is what is slow.
+        self.insert_timeout_s: float | None = None
         self.engine = make_engine(dsn)
         self.dialect = self.engine.dialect.name  # "postgresql" or "sqlite"
 
@@ -204,16 +207,33 @@ class LedgerStore:
             raw = (await conn.get_raw_connection()).driver_connection
             if raw.is_in_transaction():  # left open by an insert cancelled mid-way (a timeout)
                 await raw.execute("ROLLBACK")
+            cut: list[bool] = []
+            deadline = self._deadline(raw, cut)
             try:
                 async with raw.transaction():
                     await raw.execute(PG_CREATE_STAGE)
                     await raw.copy_records_to_table(PG_STAGE, records=records, columns=PG_COLUMNS)
                     await raw.execute(PG_MERGE, time.time())
-            except BaseException:
+            except BaseException as exc:
                 # A cancel can cut the transaction's own rollback: the pool must not hand this
                 # connection out again half-way through (its pre-ping finds it closed, reconnects).
                 raw.terminate()
+                if cut:
+                    raise TimeoutError(f"insert of {len(rows)} rows cut at the deadline") from exc
                 raise
+            finally:
+                if deadline is not None:
+                    deadline.cancel()
+
+    def _deadline(self, raw, cut: list[bool]) -> asyncio.TimerHandle | None:
+        if self.insert_timeout_s is None:
+            return None
+
+        def terminate() -> None:
+            cut.append(True)
+            raw.terminate()
+
+        return asyncio.get_running_loop().call_later(self.insert_timeout_s, terminate)
 
     async def delete_before(self, cutoff: float) -> int:
         """Delete rows that arrived before ``cutoff`` (unix seconds); how many went."""

@@ -45,9 +45,10 @@ class LedgerWriter:
     """One router's rows on their way to the database, written by the ledger's thread."""
 
     def __init__(self, store: LedgerStore, spill: SpillLog, settings: WriterSettings | None = None) -> None:
-        self.store = store
-        self.spill = spill
         self.settings = s = settings or WriterSettings()
+        self.store = store
+        store.insert_timeout_s = 0.9 * s.write_timeout_s  # cut before the cancel (``store.py``)
+        self.spill = spill
         self.thread = LedgerThread()
         self.io = SpillIO()
         self.cursor = ReplayCursor(spill, self.io, s.write_rows)
@@ -59,11 +60,13 @@ class LedgerWriter:
         self.last_write = time.time()
         self.migrated = False
         self.spilling = False  # rows go to the spill file, behind the rows already there
-        self.spill_failed = False  # the last append failed: shed until one succeeds
+        # An append the disk refused: shed for a retry interval, then admit again (a router that
+        # shed until an append succeeded would never append again: shedding means no rows).
+        self._spill_failed_until = 0.0
         self._queue: deque[Queued] = deque()  # the router appends; the ledger's threads pop
         self._inflight: list[Queued] = []  # the batch the drain is inserting
         self._spooling = False  # an append is on the spill thread
-        self._chunk = s.write_rows  # rows per insert now: quartered after a timeout, then regrown
+        self._chunk = s.write_rows  # rows per insert now: small after a timeout, then sized by rate
         self._next_try = 0.0
         self._closed = False
         self._stopping = False
@@ -83,6 +86,10 @@ class LedgerWriter:
             self.thread.soon(self._wake_drain.set)
 
     # ---- state, read from any thread ------------------------------------------------------------------
+    @property
+    def spill_failed(self) -> bool:
+        return time.monotonic() < self._spill_failed_until
+
     @property
     def shedding(self) -> bool:
         """Whether the router should refuse new requests: one more would risk a dropped row."""
@@ -150,9 +157,12 @@ class LedgerWriter:
             self._tasks = [loop.create_task(self._drain_loop()), loop.create_task(self._spool_loop())]
 
     async def _flush(self, force: bool) -> None:
+        """Steps until the rows waiting now are written (not those put meanwhile: under steady
+        traffic a flush that chased them would never end), or nothing moves."""
         if force:
             self._next_try = 0.0
-        while await self.drain_step():
+        target = self.written + self.pending_rows + self.spill.waiting
+        while self.written < target and await self.drain_step():
             pass
         await self.spool()
 
@@ -163,20 +173,21 @@ class LedgerWriter:
         self._tasks = []
         await self.io.barrier()  # an append a cancel left running has ended: its rows are on disk
         self._spooling = False
-        self.cursor.search_now()
-        try:
-            async with asyncio.timeout(timeout_s):
-                async with self._drain_lock:
+        # Held to the end: a flush waiting for it finds the writer closed and does nothing (its
+        # step could have put a batch back in the queue after the last spill, dropping it).
+        async with self._drain_lock:
+            try:
+                async with asyncio.timeout(timeout_s):
                     while await self._step(with_others=False):
                         pass
-        except Exception as exc:
-            log.warning("ledger: final write failed (%r); spilling %d rows", exc, self.pending_rows)
-        self._closed = True  # from here ``put`` refuses: what follows is spilled or counted
-        await self.io.run(self._append_job)
-        await self.io.run(self.cursor.release)
-        await self.io.run(self.spill.close)
-        await self.io.close()
-        await self.store.close()
+            except Exception as exc:
+                log.warning("ledger: final write failed (%r); spilling %d rows", exc, self.pending_rows)
+            self._closed = True  # from here ``put`` refuses: what follows is spilled or counted
+            await self.io.run(self._append_job)
+            await self.io.run(self.cursor.release)
+            await self.io.run(self.spill.close)
+            await self.io.close()
+            await self.store.close()
 
     async def _drain_loop(self) -> None:
         moved = False
@@ -203,6 +214,8 @@ class LedgerWriter:
             return False
         try:
             async with self._drain_lock:
+                if self._closed:
+                    return False
                 moved = await self._step()
         except Exception as exc:
             self._failed(exc)
@@ -213,8 +226,8 @@ class LedgerWriter:
     def _failed(self, exc: BaseException) -> None:
         self.write_errors += 1
         self._next_try = time.monotonic() + self.settings.retry_s
-        if isinstance(exc, TimeoutError):  # maybe only slow: smaller inserts fit the timeout
-            self._chunk = max(MIN_INSERT_ROWS, self._chunk // 4)
+        if isinstance(exc, TimeoutError):  # maybe only slow: start small, grow at the rate it shows
+            self._chunk = MIN_INSERT_ROWS
         if not self.spilling:
             log.warning("ledger: database write failed (%r): spilling", exc)
         self.spilling = True
@@ -294,16 +307,17 @@ class LedgerWriter:
     def _append_job(self) -> int:
         """On the spill thread: the queue, appended in order. Rows the file refuses (full, a disk
         error, closed) go back to the front of the queue; none is ever lost here."""
+        if not self.spill.room:  # full: the rows stay queued (the router sheds), nothing to churn
+            return 0
         rows = take(self._queue, len(self._queue))
         if not rows:
             return 0
         try:
             kept = self.spill.append([row for _, row in rows])
-            self.spill_failed = kept < len(rows)
         except SpillClosed:
             kept = 0
         except OSError as exc:
-            kept, self.spill_failed = 0, True
+            kept, self._spill_failed_until = 0, time.monotonic() + self.settings.retry_s
             self.spill_errors += 1
             log.error("ledger: spill append failed (%r): shedding load until it works", exc)
         self.spilled += kept
