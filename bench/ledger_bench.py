@@ -40,7 +40,7 @@ from sqlalchemy import text
 from cluster.ledger.rollup_job import HOUR, roll_pending
 from cluster.ledger.rows import Pricing, row_from_timing
 from cluster.ledger.sla_query import ledger_report, ledger_sla
-from cluster.ledger.spill import SpillFile
+from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import PG_COLUMNS, LedgerStore
 from cluster.ledger.time_range import TimeRange
 from cluster.ledger.usage_query import usage_results, usage_rows
@@ -117,7 +117,7 @@ async def write_throughput(dsn: str, rows: int, spill: Path) -> dict[str, Any]:
         await seed_closed_hour(db)
         # Every row queued at once, as before the hand-over queue had a bound: it holds them all.
         settings = WriterSettings(queue_rows=max(rows, WriterSettings().queue_rows))
-        writer = LedgerWriter(LedgerStore(db), SpillFile(spill, "bench-write", 10_000_000), settings)
+        writer = LedgerWriter(LedgerStore(db), SpillLog(spill, "bench-write", 10_000_000), settings)
         rng = random.Random(1)
         batch = [row_from_timing(timing(rng, time.monotonic()), "bench", "r1", PRICING) for _ in range(rows)]
         writer.migrated = True
@@ -192,7 +192,7 @@ async def loop_latency(dsn: str, seconds: float, rate: float, spill: Path) -> di
         store = LedgerStore(db)
         await store.migrate()
         await seed_closed_hour(db)
-        writer = LedgerWriter(LedgerStore(db), SpillFile(spill, "bench-loop", 10_000_000))  # its own thread
+        writer = LedgerWriter(LedgerStore(db), SpillLog(spill, "bench-loop", 10_000_000))  # its own thread
         writer.migrated = True
         writer.start()
 
