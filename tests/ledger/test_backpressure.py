@@ -63,3 +63,41 @@ def test_a_shed_request_gets_a_503_that_says_when_to_retry() -> None:
     assert response.status_code == 503
     assert response.headers["retry-after"] == "5"
     assert json.loads(response.body)["error"]["code"] == "ledger_full"
+
+
+class FailingDisk(SpillLog):
+    """A spill log whose disk refuses appends while ``full`` is set (ENOSPC), as a full volume would."""
+
+    full = True
+
+    def append(self, rows):  # type: ignore[override]
+        if self.full:
+            raise OSError(28, "No space left on device")
+        return super().append(rows)
+
+
+async def test_a_disk_that_refuses_appends_sheds_for_a_while_and_keeps_the_rows(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    proxy, through = TcpProxy.for_dsn(pg_dsn)
+    proxy.start()
+    spill = FailingDisk(tmp_path, "r1", max_rows=100_000)
+    writer = LedgerWriter(LedgerStore(through), spill, SETTINGS)
+    writer.start()
+    put = rows(300)
+    try:
+        proxy.stop()  # the database away: the rows must go to the disk, which refuses them
+        for r in put:
+            writer.put(r)
+        await _until(lambda: writer.spill_errors > 0)
+        assert writer.shedding and writer.state == "shedding"
+        assert writer.pending_rows == len(put) and writer.dropped == 0  # kept in memory
+        spill.full = False  # space again: after the retry interval the router admits and spills
+        await _until(lambda: not writer.shedding and writer.spill.waiting == len(put))
+        proxy.start()
+        await _until(lambda: writer.spill.waiting == 0 and writer.pending_rows == 0)
+    finally:
+        await writer.close()
+        proxy.close()
+    assert writer.dropped == 0
+    assert sorted(await stored_ids(pg_dsn)) == sorted(r.request_id for r in put)
