@@ -8,9 +8,12 @@ The trace (fixed by --seed): request i arrives at the i-th event of a Poisson pr
 ("inf": all at once, the saturation point); its prompt has lognormal length (median
 --prompt-median, log-sd --prompt-sigma, clipped to [16, --prompt-max]) and it generates a
 lognormal number of tokens (median --output-median, log-sd --output-sigma, clipped to [8,
---output-max]) with EOS ignored, so both mixes do the same work. The sampling mix (`mixed`) is the
-load generator's (loadtest/sampling_mix.py: 20% greedy, 80% tempered with top-p, some top-k,
-penalties and min-p, each with its own seed); `greedy` sends the same trace at temperature 0.
+--output-max]) with EOS ignored, so the mixes do the same work (but for the 5% under a JSON schema,
+which end when their object does). The sampling mix (`mixed`) is the load generator's
+(loadtest/sampling_mix.py: 20% greedy, 80% tempered with top-p, some top-k, penalties and min-p,
+a fifth of them top logprobs 1-20, each with its own seed; 5% n=2, 5% a JSON schema); `greedy`
+sends the same trace at temperature 0 (n kept: the same answers' work), and `logprobs20` greedy
+with the top 20 logprobs at every token.
 
 Per run it reports output tokens/s, request throughput, and TTFT, TPOT ((E2E - TTFT) / (tokens - 1))
 and ITL (the gap between consecutive tokens) at p50 and p99, as `vllm bench serve` defines them,
@@ -32,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loadtest.sampling_mix import sampling_mix
+from loadtest.sampling_mix import engine_fields, sampling_mix
 from replica.config import EngineConfig
 from replica.engine import Engine
 from replica.late_launch import LateLaunch
@@ -72,21 +75,38 @@ async def run_trace(engine: Engine, trace: list[TraceRequest], mix: str) -> dict
 
     async def one(i: int, req: TraceRequest) -> dict:
         await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
-        fields = req.mixed if mix == "mixed" else {"temperature": 0.0}
+        fields = MIXES[mix](req.mixed)
         params = SamplingParams(max_tokens=req.output_tokens, ignore_eos=True, **fields)
         sent = time.perf_counter()
-        stamps: list[float] = []
+        stamps: list[float] = []  # answer 0's token times (n > 1 answers interleave)
+        tokens = 0
         async for out in engine.generate(req.prompt, params, request_id=f"{mix}-{i}-{sent}"):
-            stamps.extend([time.perf_counter()] * len(out.token_ids))
-        return {"sent": sent, "stamps": stamps}
+            tokens += len(out.token_ids)
+            if out.index == 0:
+                stamps.extend([time.perf_counter()] * len(out.token_ids))
+        return {"sent": sent, "stamps": stamps, "tokens": tokens}
 
     done = await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
     wall = max(d["stamps"][-1] for d in done) - start
     return summarise(done, wall, engine.profile_summary())
 
 
+def greedy_twin(mixed: dict) -> dict:
+    """The same request all-greedy: as many answers (the same work), no logprobs, no schema."""
+    return {"temperature": 0.0, **({"n": mixed["n"]} if "n" in mixed else {})}
+
+
+# How each run sends a request of the trace: the mix's own fields, greedy, or greedy asking the
+# top 20 logprobs at every token (an evaluation harness's traffic).
+MIXES = {
+    "mixed": engine_fields,
+    "greedy": greedy_twin,
+    "logprobs20": lambda mixed: {**greedy_twin(mixed), "logprobs": 20},
+}
+
+
 def summarise(done: list[dict], wall: float, profile: dict) -> dict:
-    tokens = sum(len(d["stamps"]) for d in done)
+    tokens = sum(d.get("tokens", len(d["stamps"])) for d in done)
     ttft = [(d["stamps"][0] - d["sent"]) * 1e3 for d in done]
     tpot = [
         (d["stamps"][-1] - d["stamps"][0]) / (len(d["stamps"]) - 1) * 1e3
@@ -153,13 +173,14 @@ async def run(args) -> dict:
 def report(args, results: dict[str, dict], model: dict) -> dict:
     ratios = {}
     for key, r in results.items():
-        if key.startswith("mixed@"):
-            greedy = results.get("greedy@" + key.split("@")[1])
-            if greedy:
-                ratios[key.split("@")[1]] = {
-                    "throughput": r["output_tokens_per_s"] / greedy["output_tokens_per_s"],
-                    "tpot_p50": r["tpot_ms_p50"] / greedy["tpot_ms_p50"],
-                }
+        mix, rate = key.split("@")
+        greedy = results.get("greedy@" + rate)
+        if mix != "greedy" and greedy:
+            ratios[key if mix != "mixed" else rate] = {
+                "throughput": r["output_tokens_per_s"] / greedy["output_tokens_per_s"],
+                "tpot_p50": r["tpot_ms_p50"] / greedy["tpot_ms_p50"],
+                "ttft_p99": r["ttft_ms_p99"] / greedy["ttft_ms_p99"],
+            }
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": platform.node(),
@@ -180,9 +201,11 @@ def print_table(rep: dict) -> None:
     print(f"\n{'run':<14}" + "".join(f"{name:>12}" for name in names))
     for name, r in rep["results"].items():
         print(f"{name:<14}" + "".join(f"{(r.get(c) or 0):>12.2f}" for c in cols))
-    for rate, ratio in rep["mixed_vs_greedy"].items():
+    for run, ratio in rep["mixed_vs_greedy"].items():
+        name = run if "@" in run else f"mixed@{run}"
         print(
-            f"mixed/greedy @{rate}: throughput {ratio['throughput']:.3f}x, TPOT p50 {ratio['tpot_p50']:.3f}x"
+            f"{name} / greedy: throughput {ratio['throughput']:.3f}x, TPOT p50 {ratio['tpot_p50']:.3f}x, "
+            f"TTFT p99 {ratio['ttft_p99']:.3f}x"
         )
 
 
@@ -224,7 +247,9 @@ def parser() -> argparse.ArgumentParser:
     add_trace_shape_args(p)
     p.add_argument("--requests", type=int, default=600)
     p.add_argument("--rates", default="10,20,40,inf", help="requests per second; inf = all at once")
-    p.add_argument("--mixes", default="greedy,mixed", help="sampling mixes to run, of greedy,mixed")
+    p.add_argument(
+        "--mixes", default="greedy,mixed", help="sampling mixes to run, of greedy,mixed,logprobs20 (MIXES)"
+    )
     p.add_argument(
         "--late-launch",
         choices=("default", "off", "both"),

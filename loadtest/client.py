@@ -15,6 +15,7 @@ from collections.abc import Callable
 import httpx
 
 from loadtest.records import CUT_ERROR, RequestRecord
+from loadtest.sampling_mix import endpoint_fields
 
 Clock = Callable[[], float]
 
@@ -26,7 +27,7 @@ def request_body(
     body: dict = {
         "model": model,
         "max_tokens": max_tokens,
-        **(sampling if sampling is not None else {"temperature": 0.0}),
+        **(endpoint_fields(sampling, endpoint) if sampling is not None else {"temperature": 0.0}),
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -59,8 +60,10 @@ def apply_event(record: RequestRecord, data: dict, now: float) -> None:
         # while a multi-byte character is incomplete; the server timed that token too).
         if record.first_token is None:
             record.first_token = now
+        index = int(choice.get("index") or 0)
+        record.choices = max(record.choices, index + 1)
         text = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
-        if text:
+        if text and index == 0:  # inter-token gaps of one answer (n > 1 answers interleave)
             record.token_times.append(now)
 
 

@@ -26,10 +26,12 @@ def e2e(r: RequestRecord) -> float | None:
 
 
 def tpot(r: RequestRecord) -> float | None:
+    """Per answer: n > 1 answers stream side by side, each at the request's pace."""
     first, total = ttft(r), e2e(r)
-    if first is None or total is None or r.output_tokens < 2:
+    per_answer = r.output_tokens / max(1, r.choices)
+    if first is None or total is None or per_answer < 2:
         return None
-    return (total - first) / (r.output_tokens - 1)
+    return (total - first) / (per_answer - 1)
 
 
 def itls(r: RequestRecord) -> list[float]:

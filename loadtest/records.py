@@ -29,7 +29,8 @@ class RequestRecord:
     token_times: list[float] = field(default_factory=list)
     end: float | None = None
     prompt_tokens: int = 0
-    output_tokens: int = 0
+    output_tokens: int = 0  # over all of the request's answers (n > 1: usage sums them)
+    choices: int = 1  # answers streamed (the request's n)
     max_tokens: int = 0
     status: Status = "cut"
     http_status: int | None = None

@@ -56,6 +56,7 @@ FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "num_bias": ("one", None, torch.int32),  # bias entries used this step (graphs mask the rest)
     # Structured output: each sample row's row of `token_mask`, or -1 (unconstrained: left alone).
     "mask_row": ("seqs", None, torch.int32),
+    "logprob_k": ("seqs", None, torch.int32),  # top logprobs a sample row asks for; -1: no logprobs
     "decode_tables": ("seqs", "table", torch.int64),
     "prefill_tables": ("seqs", "table", torch.int64),
     "bias_index": ("bias", None, torch.int64),  # flat index (sample row * vocab + token id)
@@ -161,8 +162,9 @@ class StepBuffers:
 
 
 class SampleOutputs:
-    """What a step hands back: the sampled ids and, in logprob steps, the chosen token's logprob and
-    the top MAX_LOGPROBS ids and logprobs of each row. Device buffers and pinned host twins."""
+    """What a step hands back: the sampled ids and, in steps where some row asked, the chosen token's
+    logprob and the top MAX_LOGPROBS ids and logprobs of each row. Device buffers and pinned host
+    twins."""
 
     def __init__(self, device: torch.device, max_seqs: int) -> None:
         self.on_cuda = device.type == "cuda"

@@ -22,9 +22,9 @@ chunk offsets and the chunks' block tables (`key_slots`), gathers that many keys
 (padding reads block 0), and hands flash the packed context at `prefill_cu_k`; the host fills
 nothing more than for a fresh chunk. Without them, the first token after a cache hit waited for an
 eager step (about 22 ms of kernel launches for an 8B step, several times its device time).
-Steps that score prompt tokens or ask for logprobs stay eager. Each (step kind, context rung, IO
-set, token rung) has its own graph; the fresh-chunk graphs share one memory pool, the context
-graphs another.
+Steps that score prompt tokens stay eager; rows that ask for logprobs ride the sample kind's
+graphs. Each (step kind, context rung, IO set, token rung) has its own graph; the fresh-chunk
+graphs share one memory pool, the context graphs another.
 """
 
 from __future__ import annotations
@@ -114,12 +114,13 @@ def pad_inputs(arrays: dict[str, np.ndarray], layout, tokens: int, rows: int, pa
 
 def pad_samples(arrays: dict[str, np.ndarray], used: int, rows: int) -> None:
     """Padded sample rows draw greedily, keep no penalty counts (a stale slot would count into a
-    live sequence's row) and take no token mask."""
+    live sequence's row), take no token mask and score no logprobs."""
     pad = slice(used, rows)
     arrays["temperature"][pad] = 0.0
     arrays["top_k"][pad] = 0
     arrays["penalty_slot"][pad] = -1
     arrays["mask_row"][pad] = -1
+    arrays["logprob_k"][pad] = -1
 
 
 def metadata(

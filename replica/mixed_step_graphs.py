@@ -15,7 +15,7 @@ import replica.mixed_graphs as mixed
 from replica.cuda_graphs import DecodeGraphs
 from replica.step_inputs import StepLayout
 
-MIXED_KINDS = ("greedy", "sample")  # a mixed step with logprobs runs eagerly
+MIXED_KINDS = ("greedy", "sample")  # logprob rows are sample rows (replica/step_sampler.py)
 StepFn = Callable[[str, int, int, int], None]  # (kind, context keys, set index, tokens): one graph body
 
 

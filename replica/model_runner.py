@@ -10,8 +10,10 @@ forward and sampler (a CUDA graph for decode steps and for mixed steps of new pr
 compute_done; the D2H stream waits for that and copies the samples to pinned memory. The host
 waits only on D2H events.
 
-Every step is one of three kinds (replica/step_sampler.py): "greedy", "sample" and "logprobs";
-each kind has its own graphs, so sampled traffic replays graphs as greedy traffic does.
+Every step is one of two kinds (replica/step_sampler.py), "greedy" or "sample", each with its own
+graphs, so sampled traffic replays graphs as greedy traffic does; rows that ask for logprobs are
+sample rows, scored inside the same graphs. A step is reported as "logprobs" when some row asked
+(its logprob arrays come back to the host).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from replica.step_sampler import GRAPH_BIAS_ENTRIES, PromptScores, StepSampler
 from replica.streams import StepStreams
 from replica.varlen_prefill import flash_varlen_available
 
-KINDS = ("greedy", "sample", "logprobs")  # a grammar-constrained row is never "greedy"
+KINDS = ("greedy", "sample")  # a grammar-constrained row is never "greedy"
 MAX_BAN_IDS = MAX_STOP_TOKEN_IDS + MAX_EOS_IDS  # stop ids plus the model's EOS ids
 MaskFill = Callable[[StepLayout, StepBuffers], None]  # fills a constrained step's token masks
 
@@ -163,7 +165,7 @@ class ModelRunner:
         layout = fill_step(plan, buf, self.fill_context)
         if layout.has_placeholders and not self._prev_valid:
             raise RuntimeError("a carried token has no previous step to come from")
-        kind = "greedy" if layout.plain_greedy else ("logprobs" if layout.logprobs else "sample")
+        kind = "greedy" if layout.plain_greedy else "sample"
         graph_size = self._graph_size(layout, kind)
         mixed_size, context = (None, 0)
         if graph_size is None:
@@ -216,14 +218,17 @@ class ModelRunner:
             events["compute_done"].record()
         self.streams.wait("d2h", events["compute_done"])
         with self.streams.on("d2h"):
-            buf.copy_samples_to_host(layout.num_samples, logprobs=kind == "logprobs")
+            buf.copy_samples_to_host(layout.num_samples, logprobs=layout.logprobs)
             scores = [prompt_scores_to_host(s, self.device) for s in scores]
             events["d2h_done"].record()
         self._step_count += 1
         self._prev_valid = True
         prev_done, self._last_compute_done = self._last_compute_done, events["compute_done"]
         graphed = graph_size is not None or mixed_size is not None
-        handle = StepHandle(plan, set_index, layout.num_samples, prepare_ms, graphed, events, prev_done, kind)
+        label = "logprobs" if layout.logprobs else kind
+        handle = StepHandle(
+            plan, set_index, layout.num_samples, prepare_ms, graphed, events, prev_done, label
+        )
         handle.prompt_scores = scores
         # An eager step's kernels are enqueued one by one from Python: when this exceeds its device
         # time, the step is bound by the host (what CUDA graphs remove for decode steps).
@@ -272,11 +277,13 @@ class ModelRunner:
         marks: int,
         num_bias: int | None,
         num_masks: int | None = None,
+        logprobs: bool = False,
     ) -> None:
+        """`logprobs`: score the rows that asked (graphs of the sample kind always do)."""
         if kind == "greedy":  # the same kernel in graphs and eager steps, so every step picks alike
             buf.samples_dev[: hidden.shape[0]].copy_(self.model.greedy_tokens(hidden))
         else:
-            self.sampler.draw(buf, hidden, marks, kind == "logprobs", num_bias, num_masks)
+            self.sampler.draw(buf, hidden, marks, logprobs, num_bias, num_masks)
 
     def decode_metadata(self, dev: dict[str, torch.Tensor], size: int) -> AttentionMetadata:
         """The attention inputs of a padded pure-decode step of `size` rows (graphs)."""
@@ -292,7 +299,7 @@ class ModelRunner:
         dev = buf.dev
         meta = self.decode_metadata(dev, size)
         hidden = self.model(self.carried_ids(set_index, size), dev["positions"][:size], self.kv_caches, meta)
-        self.draw(kind, buf, hidden, 0, None)
+        self.draw(kind, buf, hidden, 0, None, logprobs=True)
 
     def _mixed_graph_step(self, kind: str, context: int, set_index: int, tokens: int) -> None:
         """The captured body of a mixed step padded to `tokens`, gathering `context` keys when its
@@ -304,7 +311,7 @@ class ModelRunner:
         hidden = self.model(
             self.carried_ids(set_index, tokens), dev["positions"][:tokens], self.kv_caches, meta
         )
-        self.draw(kind, buf, hidden[dev["sample_rows"][:rows]], tokens, None)
+        self.draw(kind, buf, hidden[dev["sample_rows"][:rows]], tokens, None, logprobs=True)
 
     def eager_forward(self, set_index: int, layout: StepLayout) -> torch.Tensor:
         """The forward of a step no graph fits, op by op; returns every token row's hidden state."""
@@ -333,5 +340,5 @@ class ModelRunner:
         dev = buf.dev
         marks = layout.num_tokens if layout.marks else 0
         rows = dev["sample_rows"][: layout.num_samples]
-        self.draw(kind, buf, hidden[rows], marks, layout.num_bias, layout.num_masks)
+        self.draw(kind, buf, hidden[rows], marks, layout.num_bias, layout.num_masks, layout.logprobs)
         return self.sampler.score_prompts(hidden, dev, layout.prompt_logprobs)

@@ -33,8 +33,15 @@ class StepRecord:
     wait_ms: float  # host blocked on the step's D2H event
     idle_ms: float  # loop waited for work before this step
     hold_ms: float = 0.0  # loop waited on purpose for arrivals to join this step (replica/late_launch.py)
-    kind: str = "greedy"  # greedy | sample | logprobs (replica/step_sampler.py)
+    kind: str = "greedy"  # greedy | sample | logprobs (replica/model_runner.py)
     graphed: bool = False  # replayed a CUDA graph
+
+
+KINDS = ("greedy", "sample", "logprobs")  # logprobs: a sample step where some row asked
+
+
+def _graphed_share(records: list[StepRecord]) -> float | None:
+    return sum(r.graphed for r in records) / len(records) if records else None
 
 
 def busy_fraction(records: list[StepRecord]) -> float | None:
@@ -84,7 +91,12 @@ class StepProfiler:
             "p99": host[min(len(host) - 1, int(len(host) * 0.99))],
         }
         out["graphed_fraction"] = sum(r.graphed for r in records) / len(records)
-        out["kinds"] = {k: sum(r.kind == k for r in records) for k in ("greedy", "sample", "logprobs")}
+        out["kinds"] = {k: sum(r.kind == k for r in records) for k in KINDS}
+        # Of each kind's steps that carried a prompt chunk, the share a graph ran (eager ones are
+        # bound by kernel launches: what made logprob traffic slow before it rode the graphs).
+        out["mixed_graphed_by_kind"] = {
+            k: _graphed_share([r for r in records if r.kind == k and r.num_prefill_tokens]) for k in KINDS
+        }
         out["mean_batch_size"] = statistics.fmean(r.batch_size for r in records)
         out["mean_tokens"] = statistics.fmean(r.num_tokens for r in records)
         out["device_busy_fraction"] = busy_fraction(records[1:])

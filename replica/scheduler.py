@@ -130,8 +130,11 @@ class Scheduler:
                 break
             total = len(seq.tokens) + seq.num_pending
             computed = seq.num_computed
-            if total == computed or total >= seq.token_limit or seq.status is not running:
+            if total == computed or seq.status is not running:
                 continue
+            if total >= seq.token_limit and computed >= seq.num_prompt:
+                continue  # at its limit: the last token is in flight (a prompt-only request's
+                # remaining prompt chunks still run: its limit is its prompt)
             if urgent is not None and total - computed > 1 and seq.priority > urgent:
                 continue  # a lower tier's prompt chunk waits a step for the higher tier's prefill
             num_new = total - computed if total - computed < budget else budget

@@ -57,6 +57,9 @@ class Sequence:
     # Token ids banned until min_tokens are out (the model's EOS ids and the request's stop ids).
     min_tokens_ban: tuple[int, ...] = ()
     prompt_logprobs: list = field(default_factory=list)  # filled chunk by chunk when asked for
+    # Prompt positions whose scoring is planned. Ahead of `prompt_logprobs` while a step is in
+    # flight: the next chunk is planned before the last one's scores reach the host.
+    prompt_scored: int = 0
     # Structured output: the grammar matcher (one per sample), advanced by each token the host reads
     # back; done once the grammar has ended (or refused a token: `grammar_error` says why).
     matcher: object | None = None

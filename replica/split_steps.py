@@ -28,7 +28,7 @@ from replica.cuda_graphs import DecodeGraphs
 from replica.step_inputs import StepLayout
 from replica.step_sampler import PromptScores
 
-DRAW_KINDS = ("sample", "logprobs")  # a constrained row is never "greedy"
+DRAW_KINDS = ("sample",)  # a constrained row is never "greedy"
 
 
 class SplitSteps:
@@ -137,4 +137,4 @@ class SplitSteps:
 
     def _graph_draw(self, kind: str, set_index: int, size: int) -> None:
         runner = self.runner
-        runner.draw(kind, runner.buffers[set_index], self.hidden[set_index][:size], 0, None)
+        runner.draw(kind, runner.buffers[set_index], self.hidden[set_index][:size], 0, None, logprobs=True)

@@ -132,22 +132,27 @@ def _fill_marks(item, row: int, arrays: dict[str, np.ndarray], ctx: FillContext)
 
 
 def _scores_prompt(item) -> bool:
-    """The chunk holds prompt positions whose next token's logprob the request wants and lacks."""
+    """The chunk holds prompt positions whose next token's logprob the request wants and has not
+    had planned (a recomputation after a preemption scores nothing twice)."""
     seq = item.seq
-    if seq.params.prompt_logprobs is None or item.start >= seq.num_prompt - 1:
+    if seq.params.prompt_logprobs is None:
         return False
-    return len(seq.prompt_logprobs) == item.start  # a recomputation scores nothing twice
+    return item.start <= seq.prompt_scored < min(item.start + item.num_new, seq.num_prompt - 1)
 
 
 def _fill_targets(item, row: int, arrays: dict[str, np.ndarray]) -> PromptLogprobChunk:
-    """The next prompt token after each position of a chunk (0 past the prompt: those rows are unused)."""
-    seq, start, count = item.seq, item.start, item.num_new
-    end = min(start + count + 1, seq.num_prompt)
+    """The next prompt token after each position the chunk scores, from the sequence's first
+    unplanned position to the chunk's end (0 past the prompt: those rows are unused)."""
+    seq = item.seq
+    first, end = seq.prompt_scored, item.start + item.num_new
+    count = end - first
+    known = seq.tokens[first + 1 : min(end + 1, seq.num_prompt)]
     targets = np.zeros(count, dtype=np.int64)
-    known = seq.tokens[start + 1 : end]
     targets[: len(known)] = known
-    arrays["target_ids"][row : row + count] = targets
-    return PromptLogprobChunk(seq, row, count)
+    at = row + first - item.start
+    arrays["target_ids"][at : at + count] = targets
+    seq.prompt_scored = min(end, seq.num_prompt - 1)
+    return PromptLogprobChunk(seq, at, count)
 
 
 def _fill_chunk_bounds(layout: StepLayout, arrays: dict[str, np.ndarray]) -> None:
@@ -187,7 +192,9 @@ def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLa
     arrays["penalty_slot"][:s] = [q.row if q.penalized else -1 for q in seqs]
     arrays["mask_row"][:s] = -1  # constrained rows get theirs when their masks are filled
     layout.grammar_rows = constrained_rows(seqs)
-    layout.logprobs = any(q.params.logprobs is not None for q in seqs)
+    wants = [-1 if q.params.logprobs is None else q.params.logprobs for q in seqs]
+    arrays["logprob_k"][:s] = wants
+    layout.logprobs = max(wants) >= 0
     _fill_bias(seqs, arrays, layout, vocab)
 
 

@@ -1,14 +1,18 @@
 """The sampling part of a step on the device: logits, penalties, bias, the draw, logprobs, forks.
 
-Three kinds of step (and of CUDA graph): "greedy" (every row a plain argmax of the raw logits, no
-sequence keeps penalty counts: the fastest), "sample" (any mix of rows: penalties, logit_bias,
-min_tokens bans, temperature, top-k/top-p/min-p, seeds) and "logprobs" (a sample step that also
-computes each row's logprob and top MAX_LOGPROBS). Every per-row parameter is read from the step's
-IO buffer on the device, so a graph replays any mix; bias entries past the step's count are masked
-in graphs (GRAPH_BIAS_ENTRIES at most per graphed step; a step with more runs eagerly).
+Two kinds of step (and of CUDA graph): "greedy" (every row a plain argmax of the raw logits, no
+sequence keeps penalty counts: the fastest) and "sample" (any mix of rows: penalties, logit_bias,
+min_tokens bans, temperature, top-k/top-p/min-p, seeds, logprobs). Every per-row parameter is read
+from the step's IO buffer on the device, so a graph replays any mix; bias entries past the step's
+count are masked in graphs (GRAPH_BIAS_ENTRIES at most per graphed step; a step with more runs
+eagerly).
 
 Logprobs describe the model's own distribution: log_softmax of the raw logits, before penalties,
-bias, temperature and filters (vLLM's default, "raw_logprobs").
+bias, temperature and filters (vLLM's default, "raw_logprobs"). They are part of the sample kind,
+so a step where one row in five asks replays the same graphs as one where none does: each row's
+`logprob_k` (-1: it did not ask) tells the kernel (replica/triton_logprobs.py) which rows to score,
+and a row that did not ask costs a program that returns at once. Eager steps score only when some
+row asked; the host copies the logprob arrays back only then.
 """
 
 from __future__ import annotations
@@ -78,9 +82,10 @@ class StepSampler:
         num_masks: int | None = None,
     ) -> None:
         """Sample every row of `hidden` into the set's outputs. `marks`: token rows whose penalty
-        bookkeeping runs first; `num_bias`: the step's bias entries, or None in a graph (masked);
-        `num_masks`: the step's grammar-constrained rows, or None in a graph (the kernel always runs,
-        idle on unconstrained rows)."""
+        bookkeeping runs first; `logprobs`: score the rows whose `logprob_k` >= 0 (graphs always
+        do); `num_bias`: the step's bias entries, or None in a graph (masked); `num_masks`: the
+        step's grammar-constrained rows, or None in a graph (the kernel always runs, idle on
+        unconstrained rows)."""
         dev = buf.dev
         rows = hidden.shape[0]
         if marks:
@@ -104,7 +109,7 @@ class StepSampler:
         buf.samples_dev[:rows].copy_(tokens)
         self.penalties.count_samples(slots, tokens)
         if logprobs:
-            self._logprobs(raw, tokens, buf.out.dev, rows)
+            self._logprobs(raw, tokens, dev["logprob_k"][:rows], buf.out.dev)
 
     def _add_bias(self, logits: torch.Tensor, dev: dict[str, torch.Tensor], num_bias: int | None) -> None:
         flat = logits.view(-1)
@@ -118,7 +123,17 @@ class StepSampler:
         index = torch.where(used, dev["bias_index"][:n], self._bias_slots % flat.shape[0])
         flat.scatter_add_(0, index, torch.where(used, dev["bias_value"][:n], 0.0))
 
-    def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, out: dict[str, torch.Tensor], rows: int):
+    def _logprobs(
+        self, raw: torch.Tensor, tokens: torch.Tensor, want: torch.Tensor, out: dict[str, torch.Tensor]
+    ) -> None:
+        """Each asking row's chosen-token logprob and top MAX_LOGPROBS, from the raw logits."""
+        if raw.is_cuda:
+            from replica.triton_logprobs import logprob_rows
+
+            logprob_rows(raw, tokens, want, out)
+            return
+        # The reference (the CPU's): every row, in float32; the host reads only the rows that asked.
+        rows = raw.shape[0]
         logits = raw.float()
         norm = torch.logsumexp(logits, dim=-1)
         out["logprob"][:rows].copy_(logits.gather(1, tokens[:, None])[:, 0] - norm)

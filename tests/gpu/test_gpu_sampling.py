@@ -132,6 +132,8 @@ async def _run(config: EngineConfig, prompts, params, together: bool = True, syn
             engine.release()
         outputs = await asyncio.gather(*tasks)
         runner = engine.core.runner
+        if sync_debug:
+            torch.cuda.set_sync_debug_mode(0)
         replays = {k: g.replays for k, g in runner.graphs.items()}
         replays.update({f"mixed-{k}": g.replays for k, g in runner.mixed.fresh.items()})
         return outputs, replays, engine.stats()
@@ -159,7 +161,7 @@ def test_sampled_mix_graphed_equals_eager_and_sync():
         ]
         assert not differ, f"{name} differs from sync: {differ}"
     replays = results["async"][1]
-    assert replays["sample"] > 0 and replays["logprobs"] > 0, replays
+    assert replays["sample"] > 0 and replays["mixed-sample"] > 0, replays
     assert all(r[2].kv_blocks_used == 0 for r in results.values())
 
 
@@ -188,29 +190,105 @@ def test_sampled_steps_never_sync_with_the_host():
     assert all(outputs) and replays["sample"] > 0
 
 
-def test_logprobs_equal_transformers_in_float32():
+def test_logprob_kernel_equals_log_softmax_and_skips_rows_that_did_not_ask():
+    from replica.triton_logprobs import logprob_rows
+
+    g = torch.Generator().manual_seed(3)
+    for vocab, dtype in ((49152, torch.float32), (128256, torch.bfloat16)):
+        rows = 64
+        raw = (torch.randn(rows, vocab, generator=g) * 6).to(dtype).cuda()
+        tokens = torch.randint(0, vocab, (rows,), generator=g).cuda()
+        asks = torch.rand(rows, generator=g) < 0.3
+        want = torch.where(asks, torch.randint(0, 21, (rows,), generator=g), -1)
+        out = {"logprob": torch.full((rows,), 7.0), "top_logprobs": torch.full((rows, 20), 7.0),
+               "top_ids": torch.full((rows, 20), -7, dtype=torch.int64)}  # fmt: skip
+        out = {k: v.cuda() for k, v in out.items()}
+        logprob_rows(raw, tokens, want.to(torch.int32).cuda(), out)
+        ref = torch.log_softmax(raw.float(), dim=-1)
+        asked = want >= 0
+        got = {k: v.cpu() for k, v in out.items()}
+        assert (got["logprob"][~asked] == 7.0).all() and (got["top_ids"][~asked] == -7).all()
+        rows_asked = asked.nonzero()[:, 0].cuda()
+        chosen = ref[rows_asked, tokens[rows_asked]].cpu()
+        assert torch.allclose(got["logprob"][asked], chosen, atol=1e-3)
+        top = ref[rows_asked].topk(20, dim=-1).values.cpu()
+        assert torch.allclose(got["top_logprobs"][asked], top, atol=1e-3)
+        at_ids = ref[rows_asked].gather(1, got["top_ids"][asked].cuda()).cpu()
+        assert torch.allclose(at_ids, top, atol=1e-3)  # the ids hold those values (bf16 ties: any order)
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphed", "eager"])
+def test_logprobs_equal_transformers_in_float32(graphs: bool):
+    """Rows that ask beside rows that do not, in one batch, graphed and eager: each asking row's
+    logprobs are the float32 log-softmax of transformers' logits."""
     from bench.hf_reference import hf_model_like
     from replica.model_loader import load_model
 
     prompts = _prompts(3, seed=10)
-    cfg = EngineConfig(model="smollm2-135m", random_weights=True, device="cuda", dtype="float32")
-    params = [SamplingParams(max_tokens=6, temperature=0.0, logprobs=5, ignore_eos=True)] * 3
+    cfg = EngineConfig(
+        model="smollm2-135m", random_weights=True, device="cuda", dtype="float32", cuda_graphs=graphs
+    )
+    asks = [SamplingParams(max_tokens=6, temperature=t, logprobs=k, seed=5, ignore_eos=True)
+            for t, k in ((0.0, 5), (0.9, 20), (1.0, 0))]  # fmt: skip
+    got = asyncio.run(_logprob_run(cfg, prompts, asks))
+    hf = hf_model_like(load_model("smollm2-135m", torch.device("cuda"), torch.float32, True, 0))
+    for prompt, q, lps in zip(prompts, asks, got, strict=True):
+        ids = torch.tensor([prompt + [lp.token_id for lp in lps]], device="cuda")
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
+        for step, lp in enumerate(lps):
+            assert abs(lp.logprob - ref[step, lp.token_id].item()) < 1e-3
+            assert [t for t, _ in lp.top] == ref[step].topk(q.logprobs).indices.tolist()
+
+
+async def _logprob_run(cfg: EngineConfig, prompts, asks) -> list[list]:
+    """The asking requests together with three that do not ask, arriving as one batch."""
+    engine = Engine(cfg)
+    await engine.start()
+    try:
+        quiet = SamplingParams(max_tokens=6, temperature=0.8, seed=9, ignore_eos=True)
+
+        async def one(p, q):
+            return [lp for o in [o async for o in engine.generate(p, q)] for lp in o.logprobs or []]
+
+        engine.hold()
+        tasks = [asyncio.create_task(one(p, q)) for p, q in zip(prompts, asks, strict=True)]
+        tasks += [asyncio.create_task(one(p, quiet)) for p in prompts]
+        while engine.open_streams < len(tasks):
+            await asyncio.sleep(0)
+        engine.release()
+        return (await asyncio.gather(*tasks))[: len(asks)]
+    finally:
+        await engine.stop()
+
+
+def test_a_mixed_step_with_logprob_rows_replays_a_graph():
+    """Prompts arriving while logprob rows decode join them in mixed steps; each such step replays a
+    mixed graph (before, any logprob row sent the whole step to eager launches)."""
+    prompts = _prompts(12, seed=12)
+    cfg = EngineConfig(model="smollm2-135m", random_weights=True, device="cuda", max_num_seqs=32)
 
     async def run():
         engine = Engine(cfg)
         await engine.start()
         try:
-            return [[lp for o in [o async for o in engine.generate(p, q)] for lp in o.logprobs]
-                    for p, q in zip(prompts, params, strict=True)]  # fmt: skip
+            long = SamplingParams(max_tokens=64, temperature=1.0, logprobs=5, seed=1, ignore_eos=True)
+            first = [o async for o in engine.generate(prompts[0], SamplingParams(max_tokens=2))]
+            assert first
+            engine.core.profiler.records.clear()
+            streams = [asyncio.create_task(_drain(engine, p, long)) for p in prompts[:4]]
+            for p in prompts[4:]:  # one new prompt at a time, while the logprob rows decode
+                await _drain(engine, p, SamplingParams(max_tokens=2, temperature=0.7, seed=2))
+            await asyncio.gather(*streams)
+            return list(engine.core.profiler.records)
         finally:
             await engine.stop()
 
-    got = asyncio.run(run())
-    hf = hf_model_like(load_model("smollm2-135m", torch.device("cuda"), torch.float32, True, 0))
-    for prompt, lps in zip(prompts, got, strict=True):
-        ids = torch.tensor([prompt + [lp.token_id for lp in lps]], device="cuda")
-        with torch.no_grad():
-            ref = torch.log_softmax(hf(ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
-        for step, lp in enumerate(lps):
-            assert abs(lp.logprob - ref[step, lp.token_id].item()) < 1e-4
-            assert [t for t, _ in lp.top] == ref[step].topk(5).indices.tolist()
+    records = asyncio.run(run())
+    mixed = [r for r in records if r.kind == "logprobs" and r.num_prefill_tokens and r.batch_size > 1]
+    assert mixed, "no mixed step carried a logprob row"
+    assert all(r.graphed for r in mixed), [(r.batch_size, r.num_tokens) for r in mixed if not r.graphed]
+
+
+async def _drain(engine: Engine, prompt, params) -> int:
+    return sum([len(o.token_ids) async for o in engine.generate(prompt, params)])

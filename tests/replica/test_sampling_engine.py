@@ -166,18 +166,41 @@ async def test_sampled_logprobs_describe_the_raw_distribution(engine, mixed_prom
 
 
 async def test_prompt_logprobs_score_the_prompt_without_generating(engine, hf_model, mixed_prompts):
-    prompt = mixed_prompts[11][:300]  # longer than the step budget: scored over several chunks
+    """lm-eval's loglikelihood requests: prompt-only, several at once, one of them longer than the
+    step budget (scored over several chunks; such a request used to wait forever for its second
+    chunk), beside a request that generates."""
+    prompts = [mixed_prompts[1][:300], mixed_prompts[3], mixed_prompts[8], mixed_prompts[11]]
+    assert len(prompts[0]) > engine.config.max_num_batched_tokens
     params = SamplingParams(max_tokens=0, prompt_logprobs=2)
-    outs = [o async for o in engine.generate(prompt, params)]
-    assert outs[-1].finish_reason == "length" and outs[-1].num_output_tokens == 0
-    scored = next(o.prompt_logprobs for o in outs if o.prompt_logprobs is not None)
-    with torch.no_grad():
-        ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
-    assert scored[0] is None and len(scored) == len(prompt)
-    for i, lp in enumerate(scored[1:]):
-        assert lp.token_id == prompt[i + 1]
-        assert abs(lp.logprob - ref[i, prompt[i + 1]].item()) < 1e-4
-        assert [t for t, _ in lp.top] == ref[i].topk(2).indices.tolist()
+    generating = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def score(prompt: list[int], asked: SamplingParams = params):
+        return [o async for o in engine.generate(prompt, asked)]
+
+    both = SamplingParams(max_tokens=4, prompt_logprobs=2, temperature=0.0, ignore_eos=True)
+    *runs, scored_and_generated, decoded = await asyncio.gather(
+        *(score(p) for p in prompts), score(prompts[0], both), score_text(engine, generating)
+    )
+    assert decoded == 8
+    assert sum(len(o.token_ids) for o in scored_and_generated) == 4
+    with_output = next(o.prompt_logprobs for o in scored_and_generated if o.prompt_logprobs is not None)
+    alone = next(o.prompt_logprobs for o in runs[0] if o.prompt_logprobs is not None)
+    assert [lp and lp.token_id for lp in with_output] == [lp and lp.token_id for lp in alone]
+    for prompt, outs in zip(prompts, runs, strict=True):
+        assert outs[-1].finish_reason == "length" and outs[-1].num_output_tokens == 0
+        scored = next(o.prompt_logprobs for o in outs if o.prompt_logprobs is not None)
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        assert scored[0] is None and len(scored) == len(prompt)
+        for i, lp in enumerate(scored[1:]):
+            assert lp.token_id == prompt[i + 1]
+            assert abs(lp.logprob - ref[i, prompt[i + 1]].item()) < 1e-4
+            assert [t for t, _ in lp.top] == ref[i].topk(2).indices.tolist()
+
+
+async def score_text(engine, params: SamplingParams) -> int:
+    """Output tokens of a request generating beside the scoring ones."""
+    return sum([len(o.token_ids) async for o in engine.generate(list(range(200, 260)), params)])
 
 
 async def test_parallel_samples_share_the_prompt(

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Logprobs at full speed (issue 42) on the H200, one part per device call; JSON in $OUT.
+#   bash bench/h200_logprobs_runs.sh tests    # tests/gpu/test_gpu_sampling.py, then the trace after
+#   bash bench/h200_logprobs_runs.sh before   # the same trace on .device/before_replica.tar's engine
+#   bash bench/h200_logprobs_runs.sh cluster  # one replica's capacity, the load generator's mix vs greedy
+# The trace: 8B shape, random weights, 400 requests, all at once and Poisson at 20 req/s, the new
+# sampling mix (logprobs on a fifth of sampled requests, n=2 and JSON schemas on 5% each) beside the
+# same trace greedy and greedy asking the top 20 logprobs (bench/engine_trace.py).
+set -u
+out=${OUT:-out}; mkdir -p "$out"; out=$(cd "$out" && pwd)
+repo=$PWD
+export PYTHONUNBUFFERED=1
+trace() {  # trace SECONDS MIXES JSON: from the current directory's `replica`, the repo's bench
+  timeout "$1" python3 -m bench.engine_trace --model llama-3.1-8b --random-weights --device cuda \
+    --requests 400 --rates inf,20 --mixes "$2" --json "$3" 2>&1 | grep -v "^\[trace\] loaded" | tail -9
+}
+case ${1:-tests} in
+tests)
+  PYTHONPATH=$repo timeout 240 python3 -m pytest -q -x tests/gpu/test_gpu_sampling.py --confcutdir=tests/gpu \
+    2>&1 | tail -6
+  PYTHONPATH=$repo trace 330 greedy,mixed,logprobs20 "$out/trace_after.json" ;;
+before)  # `replica` from the base commit: run from a folder that holds only it (first on sys.path)
+  mkdir -p /tmp/before && tar xf .device/before_replica.tar -C /tmp/before
+  cd /tmp/before && PYTHONPATH=/tmp/before:$repo trace 500 greedy,mixed,logprobs20 "$out/trace_before.json" ;;
+cluster)
+  sed 's/^seed: 4$/seed: 4\nsampling: greedy/' loadtest/scenarios/steady-long.yaml > /tmp/steady-long-greedy.yaml
+  grep -q "^sampling: greedy" /tmp/steady-long-greedy.yaml || { echo "no greedy scenario"; exit 1; }
+  sweep=(--replicas 1 --scenarios "" --start-tps 6000 --factor 1.25 --rung-s 20 --rung-drain-s 8
+         --rung-warmup-fraction 0.3 --rung-throughput window --engine-estimate-tps 11473.7 --budget-s 265)
+  bash bench/cluster_run.sh "$out/mix" --sweep-scenario steady-long "${sweep[@]}" 2>&1 | tail -4
+  bash bench/cluster_run.sh "$out/greedy" --sweep-scenario /tmp/steady-long-greedy.yaml "${sweep[@]}" 2>&1 | tail -4
+  ;;
+esac
