@@ -162,7 +162,7 @@ class LedgerWriter:
         if force:
             self._next_try = 0.0
         target = self.written + self.pending_rows + self.spill.waiting
-        while self.written < target and await self.drain_step():
+        while await self.drain_step() and self.written < target:  # one step at least: it migrates
             pass
         await self.spool()
 
