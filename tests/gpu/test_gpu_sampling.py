@@ -161,7 +161,7 @@ def test_sampled_mix_graphed_equals_eager_and_sync():
         ]
         assert not differ, f"{name} differs from sync: {differ}"
     replays = results["async"][1]
-    assert replays["sample"] > 0 and replays["mixed-sample"] > 0, replays
+    assert replays["sample"] > 0, replays  # float32: no flash, no mixed graphs (see the test below)
     assert all(r[2].kv_blocks_used == 0 for r in results.values())
 
 
