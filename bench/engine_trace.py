@@ -146,6 +146,10 @@ async def run(args) -> dict:
              "load_seconds": getattr(loaded, "load_seconds", None)}  # fmt: skip
     print(f"[trace] loaded {model}", flush=True)
     vocab = engine.loaded.config.vocab_size
+    if engine.loaded.tokenizer is None and "mixed" in args.mixes.split(","):
+        from bench.bpe_vocab import attach  # random weights ship no tokenizer; the mix's schemas need one
+
+        attach(engine)
     warm = make_trace(args, vocab, math.inf)[:8]
     await run_trace(engine, warm, "mixed")
     results: dict[str, dict] = {}
