@@ -96,10 +96,12 @@ def greedy_twin(mixed: dict) -> dict:
     return {"temperature": 0.0, **({"n": mixed["n"]} if "n" in mixed else {})}
 
 
-# How each run sends a request of the trace: the mix's own fields, greedy, or greedy asking the
-# top 20 logprobs at every token (an evaluation harness's traffic).
+# How each run sends a request of the trace: the mix's own fields (or those but the JSON schemas,
+# to see what the schemas' token masks cost), greedy, or greedy asking the top 20 logprobs at
+# every token (an evaluation harness's traffic).
 MIXES = {
     "mixed": engine_fields,
+    "mixed_noschema": lambda mixed: engine_fields({k: v for k, v in mixed.items() if k != "response_format"}),
     "greedy": greedy_twin,
     "logprobs20": lambda mixed: {**greedy_twin(mixed), "logprobs": 20},
 }
