@@ -27,6 +27,7 @@ from loadtest.plan import ClosedLoopSource, PlannedRequest
 from loadtest.records import RequestRecord
 from loadtest.run_dir import write_run
 from loadtest.runner import RunResult
+from loadtest.sampling_mix import engine_fields
 from loadtest.scenario import Scenario, TenantLoad
 from replica import Engine, EngineConfig, SamplingParams
 
@@ -81,14 +82,17 @@ class EngineAloneRun:
             warmup=now < self.s.warmup_s,
         )
         self.records.append(record)
-        params = SamplingParams(max_tokens=planned.max_tokens, **planned.sampling)
+        params = SamplingParams(max_tokens=planned.max_tokens, **engine_fields(planned.sampling))
+        record.choices = params.n
+        answers: dict[int, int] = {}  # output tokens per answer (n > 1 answers interleave)
         try:
             async for out in self.engine.generate(self._prompt_ids(planned.prompt), params):
                 t = self._clock()
                 record.first_token = record.first_token if record.first_token is not None else t
-                if out.text:
+                if out.text and out.index == 0:
                     record.token_times.append(t)
-                record.prompt_tokens, record.output_tokens = out.num_prompt_tokens, out.num_output_tokens
+                answers[out.index] = out.num_output_tokens
+                record.prompt_tokens, record.output_tokens = out.num_prompt_tokens, sum(answers.values())
             record.status = "ok"
         except asyncio.CancelledError:
             record.status, record.error = "cancelled", "run_deadline"

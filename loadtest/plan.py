@@ -44,14 +44,21 @@ def open_loop_plan(
 
 
 class SamplingDraw:
-    """A tenant's sampling settings, request after request: the mix, or greedy when pinned."""
+    """A tenant's sampling settings, request after request: the mix (with or without its JSON
+    schemas; the same draws either way), or greedy when pinned."""
 
     def __init__(self, sampling: str, rng: np.random.Generator) -> None:
-        self._mix = sampling == "mix"
+        self._mix = sampling != "greedy"
+        self._schemas = sampling == "mix"
         self._rng = rng
 
     def next(self) -> dict:
-        return sampling_mix(self._rng) if self._mix else dict(GREEDY)
+        if not self._mix:
+            return dict(GREEDY)
+        fields = sampling_mix(self._rng)
+        if not self._schemas:
+            fields.pop("response_format", None)
+        return fields
 
 
 class ClosedLoopSource:

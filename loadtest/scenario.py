@@ -14,6 +14,10 @@ from tenancy import SLAClass, default_tenancy_config
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
 
+# The realistic mix, the mix without its JSON schemas, or all greedy (loadtest/sampling_mix.py).
+Sampling = Literal["mix", "mix_without_schemas", "greedy"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -71,7 +75,7 @@ class TenantLoad(_Strict):
     arrival: Arrival = Field(default_factory=Arrival, description="Arrival process for rate mode.")
     prompt: PromptLength = Field(default_factory=BundledPrompts, description="Prompt lengths (words).")
     output: OutputLength = Field(default_factory=lambda: FixedLength(tokens=32), description="max_tokens.")
-    sampling: Literal["mix", "greedy"] | None = Field(
+    sampling: Sampling | None = Field(
         default=None, description="This tenant's sampling; None = the scenario's."
     )
 
@@ -121,9 +125,13 @@ class Scenario(_Strict):
         ),
     )
     gpu_dollars_per_hour: float = Field(default=5.0, ge=0, description="Price of one replica-hour.")
-    sampling: Literal["mix", "greedy"] = Field(
+    sampling: Sampling = Field(
         default="mix",
-        description="Requests' sampling: the realistic mix (loadtest/sampling_mix.py) or all greedy.",
+        description=(
+            "Requests' sampling: the realistic mix (loadtest/sampling_mix.py), the mix without its JSON "
+            "schemas (for a model whose tokenizer cannot constrain output, such as the synthetic word "
+            "tokenizer of random-weight presets), or all greedy."
+        ),
     )
     sla_classes: tuple[SLAClass, ...] | None = Field(
         default=None, description="SLA targets; None = the tenancy default classes."

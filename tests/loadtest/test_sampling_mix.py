@@ -52,3 +52,14 @@ def test_two_answers_count_per_answer_in_tpot_and_itl() -> None:
     record.end = 3.0
     assert record.choices == 2 and itls(record) == [1.0, 1.0]
     assert tpot(record) == 1.0  # three tokens per answer over two seconds
+
+
+def test_the_mix_without_schemas_is_the_same_draws_but_the_schemas() -> None:
+    from loadtest.plan import SamplingDraw
+
+    with_schemas = SamplingDraw("mix", np.random.default_rng(3))
+    without = SamplingDraw("mix_without_schemas", np.random.default_rng(3))
+    pairs = [(with_schemas.next(), without.next()) for _ in range(400)]
+    assert any("response_format" in a for a, _ in pairs)
+    assert not any("response_format" in b for _, b in pairs)
+    assert all({k: v for k, v in a.items() if k != "response_format"} == b for a, b in pairs)
