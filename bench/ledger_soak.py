@@ -163,7 +163,7 @@ async def run(args: argparse.Namespace) -> dict:
     await admin.execute(f"CREATE DATABASE {name}")
     await admin.close()
     dsn = server.rsplit("/", 1)[0] + f"/{name}"
-    began, cpu0 = time.time(), _cpu()
+    began, cpu0, commit = time.time(), _cpu(), _commit()  # the tree this process loaded
     with tempfile.TemporaryDirectory(prefix="ledger-soak-") as spill_dir:
         soak = Soak(args, dsn, Path(spill_dir))
         soak.proxy.start()
@@ -180,7 +180,7 @@ async def run(args: argparse.Namespace) -> dict:
     writers = soak.retired
     return {
         "date": time.strftime("%Y-%m-%d"),
-        "commit": _commit(),
+        "commit": commit,
         "command": f"nice -n 10 python -m bench.ledger_soak --minutes {args.minutes} --rate {args.rate}",
         "minutes_of_load": round(load_s / 60, 2),
         "rate_rows_per_s": args.rate,
