@@ -27,7 +27,7 @@ from replica.scheduler import Scheduler, StepPlan
 from replica.sequence import Sequence
 from replica.step_handle import StepHandle, StepResult
 from replica.step_inputs import StepLayout
-from replica.step_outputs import add_prompt_logprobs, step_logprobs, take_prompt_logprobs, token_logprob
+from replica.step_outputs import add_prompt_logprobs, take_prompt_logprobs, token_logprob
 
 log = logging.getLogger(__name__)
 Deliver = Callable[[list[tuple[Sequence, object]]], None]
@@ -233,11 +233,10 @@ class EngineCore:
         t1 = time.perf_counter()
         for scores in result.prompt_scores:
             add_prompt_logprobs(scores)
-        lists = step_logprobs(result)
         for row, (seq, token) in enumerate(zip(handle.plan.sample_seqs, result.tokens.tolist(), strict=True)):
             seq.num_pending -= 1
             if not seq.finished:  # else: the extra token of a sequence that stopped a step ago
-                self._accept_token(seq, token, token_logprob(lists, row, seq, token))
+                self._accept_token(seq, token, token_logprob(result, row, seq))
         t2 = time.perf_counter()
         self._record(handle, wait_ms=(read.done - read.started) * 1000.0, post_ms=(t2 - t1) * 1000.0)
 

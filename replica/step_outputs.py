@@ -2,38 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from replica.outputs import TokenLogprob
 from replica.sequence import Sequence
 from replica.step_handle import StepResult
 
 
-@dataclass
-class StepLogprobs:
-    """A step's logprob arrays as Python lists, converted once for all its rows: row by row, the
-    numpy slices and their conversions took the host's post-processing from 1.3 to 3.3 ms a step
-    with 256 rows asking the top 20 on the H200's host, at saturation where the host sets the pace."""
-
-    logprob: list[float]
-    top_ids: list[list[int]]
-    top_values: list[list[float]]
-
-
-def step_logprobs(result: StepResult) -> StepLogprobs | None:
-    """None in steps where no row asked (the arrays were not copied back)."""
-    if result.logprob is None:
-        return None
-    return StepLogprobs(result.logprob.tolist(), result.top_ids.tolist(), result.top_logprobs.tolist())
-
-
-def token_logprob(lists: StepLogprobs | None, row: int, seq: Sequence, token: int) -> TokenLogprob | None:
-    """The drawn token's logprob and the top ones the request asked for."""
+def token_logprob(result: StepResult, row: int, seq: Sequence) -> TokenLogprob | None:
+    """The drawn token's logprob and the top ones the request asked for (logprob steps only)."""
     k = seq.params.logprobs
-    if k is None or lists is None:
+    if k is None or result.logprob is None:
         return None
-    top = tuple(zip(lists.top_ids[row][:k], lists.top_values[row][:k], strict=True))
-    return TokenLogprob(token, lists.logprob[row], top)
+    ids, values = result.top_ids[row, :k].tolist(), result.top_logprobs[row, :k].tolist()
+    token = int(result.tokens[row])
+    return TokenLogprob(token, float(result.logprob[row]), tuple(zip(ids, values, strict=True)))
 
 
 def add_prompt_logprobs(scores) -> None:
