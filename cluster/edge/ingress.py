@@ -269,11 +269,11 @@ class Ingress:
     ) -> Response:
         request_id = new_request_id()
         tenant, key_id = None, ""
-        if self.ledger is not None and self.ledger.writer.shedding:  # a row it could not keep: 503
-            return error_response(LedgerFull())
         await asyncio.sleep(0)  # a yield point: the body's parsing and validation were one step
         try:
-            tenant = self._tenant(request)
+            tenant = self._tenant(request)  # a bad key is a 401 whatever the ledger's state
+            if self.ledger is not None and self.ledger.writer.shedding:  # no room for its row: 503
+                return error_response(LedgerFull())
             key_id = api_key_id(
                 parse_bearer(request.headers.get("authorization")),
                 self.core.tenancy.config.key_salt.get_secret_value(),
