@@ -33,7 +33,7 @@ async def test_outputs_reach_the_callback_in_order_and_end_with_the_request(engi
     assert tokens == (await collect(engine, PROMPT, params))[0]  # the generator path's tokens
     count = len(seen)
     request.cancel()  # after the end: nothing to abort
-    await asyncio.sleep(0.1)
+    await _one_more_request(engine)
     assert len(seen) == count
 
 
@@ -58,8 +58,16 @@ async def test_cancel_aborts_a_request_still_producing(engine) -> None:
     assert engine.open_streams == 0
     await wait_until(lambda: engine.stats().running == 0, 30)
     count = len(seen)
-    await asyncio.sleep(0.2)
+    await _one_more_request(engine)
     assert len(seen) == count and not any(getattr(out, "finished", False) for out in seen)
+
+
+async def _one_more_request(engine) -> None:
+    """A request run to its end after the one under test: the engine's loop delivers in order, so
+    whatever the earlier request still had coming would have reached its callback by then."""
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    tokens, _, last = await collect(engine, PROMPT[:12], params)
+    assert len(tokens) == 2 and last.finished
 
 
 def _running_totals(outputs) -> list[int]:
@@ -86,7 +94,7 @@ async def test_an_ended_request_is_freed_by_refcounting_alone(engine) -> None:
         await asyncio.wait_for(ended, 60)
         await wait_until(lambda: engine.stats().running == 0, 30)
         del request
-        await asyncio.sleep(0.1)  # the engine thread has dropped its own references
-        assert [ref() for ref in gone] == [None] * len(gone)
+        # The engine thread drops its own references soon after; a cycle would keep them forever.
+        await wait_until(lambda: all(ref() is None for ref in gone), 30)
     finally:
         gc.enable()
