@@ -30,13 +30,13 @@ class RequestRecord:
     end: float | None = None
     prompt_tokens: int = 0
     output_tokens: int = 0  # over all of the request's answers (n > 1: usage sums them)
-    choices: int = 1  # answers streamed (the request's n)
     max_tokens: int = 0
     status: Status = "cut"
     http_status: int | None = None
     error: str | None = None
     server_id: str | None = None
     warmup: bool = False
+    choices: int = 1  # answers streamed (the request's n; last: records are also built by position)
 
     @property
     def ok(self) -> bool:
