@@ -220,7 +220,10 @@ def _sdk_call(create, upstream: set[str], body: dict, stream: bool) -> None:
         chunks = list(resp)
         assert chunks and any(c.choices for c in chunks)
     else:
-        assert resp.choices and resp.usage.completion_tokens >= 0
+        usage = resp.usage
+        assert resp.choices and usage.prompt_tokens > 0
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        assert usage.completion_tokens >= 1 or body.get("max_tokens") == 0  # it generated
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from ray import serve
 
-from tests.cluster.helpers import ADMIN, BOB, MODEL, start_app, wait_until
+from tests.cluster.helpers import ADMIN, BOB, MODEL, admin_state, start_app, wait_until
 
 APP, PREFIX = "fl-downscale", "/downscale"
 STREAMS = 4  # two per replica; below the autoscaling target, so Serve wants one replica
@@ -135,7 +135,9 @@ def test_downscale_lets_the_stopped_replica_finish_its_streams(downscale_url: st
         # stats and may all land on one replica; spaced, each replica gets some of the streams.
         time.sleep(STAGGER_S)
     assert wait_until(lambda: bool(stop_seen), timeout_s=60, interval_s=0.1), _replica_states()
-    time.sleep(1.0)  # the routers' replica set follows the controller's within a moment
+    # The router's replica set follows the controller's at its next poll (load_poll_interval_s; a
+    # loaded box stretches it): the requests below are for the replica that stays.
+    assert wait_until(lambda: admin_state(downscale_url)["replicas"] == 1, timeout_s=60, interval_s=0.1)
     during_drain = [_short(downscale_url) for _ in range(3)]
     for t in threads:
         t.join(timeout=180)
