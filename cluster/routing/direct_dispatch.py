@@ -65,13 +65,15 @@ class DirectDispatch:
         self.model = model
         self._choice = choice
         self._replicas: dict[str, _Replica] = {}
-        self._live: frozenset[str] | None = None
+        self._live: frozenset[str] | None = None  # as of the last board read
+        self._read_live: ReadLive | None = None  # the set as Serve's request router last heard it
         self._sent = SentSinceReport()
         self._affinity = PrefixAffinity()
         self._task: asyncio.Task | None = None
         self.sent = 0  # requests sent directly (the rest went through Serve): /admin/state
 
     def start(self, read_board: ReadBoard, read_live: ReadLive) -> None:
+        self.follow_live(read_live)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(read_board, read_live))
 
@@ -84,14 +86,21 @@ class DirectDispatch:
             await replica.link.close()
         self._replicas.clear()
 
+    def follow_live(self, read_live: ReadLive) -> None:
+        """Read the replicas Serve routes to at every choice: a replica Serve stops takes nothing new
+        from that moment (it used to take requests until the next board read, up to 1.5 s later)."""
+        self._read_live = read_live
+
     @property
     def replicas(self) -> list[str]:
         """The replicas a request may be sent to now."""
-        return [rid for rid, r in self._replicas.items() if self._choosable(rid, r)]
+        live = self._live_now()
+        return [rid for rid, r in self._replicas.items() if self._choosable(rid, r, live)]
 
     def submit(self, args: GenerateArgs) -> DirectCall | None:
         """Send the request to the cheapest replica; None when none is reachable (use Serve)."""
-        candidates = [(rid, r) for rid, r in self._replicas.items() if self._choosable(rid, r)]
+        live = self._live_now()
+        candidates = [(rid, r) for rid, r in self._replicas.items() if self._choosable(rid, r, live)]
         if not candidates:
             return None
         chain: list[bytes] = []
@@ -126,8 +135,13 @@ class DirectDispatch:
         call.on_end(lambda: self._sent.ended(rid, args.request_id))
         return call
 
-    def _choosable(self, rid: str, replica: _Replica) -> bool:
-        return replica.listed and replica.link.broken is None and (self._live is None or rid in self._live)
+    def _live_now(self) -> frozenset[str] | None:
+        live = self._read_live() if self._read_live is not None else None
+        return self._live if live is None else live
+
+    @staticmethod
+    def _choosable(rid: str, replica: _Replica, live: frozenset[str] | None) -> bool:
+        return replica.listed and replica.link.broken is None and (live is None or rid in live)
 
     def update(self, board: dict[str, dict], live: frozenset[str] | None) -> None:
         """This model's replicas on the board (``board``: replica id -> published load)."""

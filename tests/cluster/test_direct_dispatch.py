@@ -188,3 +188,20 @@ async def test_a_replica_off_the_board_takes_nothing_new_and_keeps_its_streams()
     await asyncio.sleep(0)
     assert "a" not in direct._replicas  # nothing pending: its link is closed
     await _teardown(receiver, handle, direct, a, b)
+
+
+async def test_a_replica_serve_stops_takes_nothing_new_before_the_next_board_read() -> None:
+    """The set Serve routes to is read at every choice: the moment a replica leaves it (Serve is
+    stopping it), new requests go to the others, board or no board."""
+    a, b = Replica("a", 1, {"waiting_tokens": 0}), Replica("b", 2, {"waiting_tokens": 10**6, "running": 50})
+    receiver, handle, runner, direct = await _setup(a, b)
+    await direct.refresh_stats()
+    live = {"ids": frozenset({"a", "b"})}
+    direct.follow_live(lambda: live["ids"])
+    await _read(runner, _job(runner, 0, 3))
+    assert a.ran == ["req-0"]  # the cheaper replica while both run
+    live["ids"] = frozenset({"b"})  # Serve stops a; no board read since
+    assert direct.replicas == ["b"]
+    items = await _read(runner, _job(runner, 1, 3))
+    assert _tokens(items) == [0, 1, 2] and b.ran == ["req-1"] and a.ran == ["req-0"]
+    await _teardown(receiver, handle, direct, a, b)

@@ -86,7 +86,10 @@ def _stream(url: str, out: list[str], endings: Counter[str]) -> None:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Count from one to fifty."}],
-        "max_tokens": 96,
+        # Its whole length (no EOS): in flight while the SIGTERM reaches the routers on a loaded box
+        # (96 tokens that could end at EOS were seen done before the first probe was refused).
+        "max_tokens": 160,
+        "ignore_eos": True,
         "temperature": 0,
         "stream": True,
     }
