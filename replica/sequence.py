@@ -86,6 +86,7 @@ class Sequence:
         self.sampling_row = (
             0.0 if p.greedy else p.temperature, p.top_k, p.top_p, p.min_p, self.seed,
             p.repetition_penalty, p.frequency_penalty, p.presence_penalty,
+            -1 if p.logprobs is None else p.logprobs,  # logprob_k: -1, no logprobs
         )  # fmt: skip
         self.plain_greedy = p.plain_greedy and p.prompt_logprobs is None
         self.penalized = p.penalized

@@ -179,7 +179,7 @@ def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLa
     else:  # a sampled item's row is the last of its tokens
         rows = (np.cumsum([item.num_new for item in items]) - 1)[plan.sample_items]
     arrays["sample_rows"][:s] = rows
-    table = np.array([q.sampling_row for q in seqs], dtype=np.float64)  # (s, 8)
+    table = np.array([q.sampling_row for q in seqs], dtype=np.float64)  # (s, 9)
     for column, name in enumerate(
         ("temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "frequency_penalty")
     ):
@@ -192,9 +192,8 @@ def _fill_sampling(plan: StepPlan, arrays: dict[str, np.ndarray], layout: StepLa
     arrays["penalty_slot"][:s] = [q.row if q.penalized else -1 for q in seqs]
     arrays["mask_row"][:s] = -1  # constrained rows get theirs when their masks are filled
     layout.grammar_rows = constrained_rows(seqs)
-    wants = [-1 if q.params.logprobs is None else q.params.logprobs for q in seqs]
-    arrays["logprob_k"][:s] = wants
-    layout.logprobs = max(wants) >= 0
+    arrays["logprob_k"][:s] = table[:, 8]  # read from the row table: no second pass over the rows
+    layout.logprobs = bool(table[:, 8].max() >= 0)
     _fill_bias(seqs, arrays, layout, vocab)
 
 
