@@ -151,7 +151,15 @@ def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "max_model_len": e.max_model_len,
         "enable_prefix_caching": e.enable_prefix_caching,
-    }
+    } | _lora_kwargs(e)
+
+
+def _lora_kwargs(e: EngineSettings) -> dict[str, Any]:
+    """LoRA's settings, where it is on (an engine without slots takes none)."""
+    if not e.lora_slots:
+        return {}
+    adapters = tuple(sorted(e.lora_adapters.items()))
+    return {"lora_slots": e.lora_slots, "max_lora_rank": e.max_lora_rank, "lora_adapters": adapters}
 
 
 StandIn = serve.Application | Callable[[str], serve.Application]

@@ -85,6 +85,29 @@ class EngineSettings(_Frozen):
         description="Plan each step as the one on the device is about to end, so arrivals join it "
         "(docs/engine.md, measured: off by default); None: on with CUDA.",
     )
+    lora_slots: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="LoRA adapters resident on the device at once (a fixed pool, least recently used "
+        'evicted); 0 = LoRA off (no memory, no work). docs/engine.md, "Multi-LoRA".',
+    )
+    max_lora_rank: int = Field(default=16, ge=1, le=64, description="Rank every adapter slot is sized for.")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="Adapter name -> PEFT LoRA directory, registered at start. A request selects one with "
+        "`model: <adapter name>`; tenancy's `adapters` says which tenants may. More are registered at run "
+        "time with POST /admin/adapters.",
+    )
+
+    @model_validator(mode="after")
+    def _adapters_need_slots(self) -> EngineSettings:
+        if self.lora_adapters and self.lora_slots == 0:
+            raise ValueError("lora_adapters needs lora_slots > 0 (LoRA is off with no slots)")
+        for name in self.lora_adapters:
+            if not re.match(MODEL_NAME_PATTERN, name):
+                raise ValueError(f"lora_adapters: {name!r} is not a valid model name")
+        return self
 
 
 class AutoscalingSettings(_Frozen):
@@ -249,3 +272,19 @@ def check_unique(models: Sequence[ModelSettings]) -> None:
             other = deployments[deployment]
             raise ValueError(f"models: {name!r} and {other!r} make the same deployment name {deployment!r}")
         deployments[deployment] = name
+    check_adapter_names(models)
+
+
+def check_adapter_names(models: Sequence[ModelSettings]) -> None:
+    """An adapter is served under its own name: it may be neither a model's name nor another adapter's."""
+    names = {model.name for model in models}
+    owner: dict[str, str] = {}
+    for model in models:
+        for adapter in model.engine.lora_adapters:
+            if adapter in names:
+                raise ValueError(f"lora_adapters: {adapter!r} is also a served model's name")
+            if adapter in owner:
+                raise ValueError(
+                    f"lora_adapters: {adapter!r} is named by {owner[adapter]!r} and {model.name!r}"
+                )
+            owner[adapter] = model.name

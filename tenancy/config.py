@@ -110,6 +110,11 @@ class Tenant(_Frozen):
         default=None,
         description="Served models (the requests' `model`) this tenant may use; None = every model.",
     )
+    adapters: tuple[str, ...] = Field(
+        default=(),
+        description="LoRA adapters (served under their own names, on their base model) this tenant may "
+        "use; none by default: an adapter is a tenant's own fine-tune, and another tenant's is a 404.",
+    )
     model_quotas: tuple[ModelQuotas, ...] = Field(
         default=(),
         description="Per model, the limits that differ from `quotas` there. Quotas are counted per "
@@ -131,6 +136,10 @@ class Tenant(_Frozen):
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    def may_use_adapter(self, adapter: str, base_model: str) -> bool:
+        """The adapter is granted to this tenant, and so is the model it runs on."""
+        return adapter in self.adapters and self.may_use(base_model)
 
     def on_model(self, model: str) -> Tenant:
         """This tenant with the quotas it has on ``model``."""

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from cluster.config import AppConfig
 from cluster.drain import RouterDrain
 from cluster.edge import api_docs, ledger_views, stream_responses
+from cluster.edge.adapter_admin import AdapterAdmin, AdapterRegistration, card, listing
 from cluster.edge.answers import answer
 from cluster.edge.body_limit import BodyLimit
 from cluster.edge.model_jobs import job_builders
@@ -100,6 +101,8 @@ class Ingress:
             self.loop_holds.start()
         api.state.http_errors = self.core.metrics.http_errors
         self.jobs = job_builders(self.cfg, replicas)
+        self.adapter_admin = AdapterAdmin(self.core.adapters, replicas, ctx.app_name, generation)
+        await self.adapter_admin.poll()  # adapters registered before this router started
         self.core.metrics.router_info.labels(self.router_id).set(1)
         self.drain = RouterDrain(ctx.app_name, self.router_id, lambda: self.core.held)
         self.ledger = ledger_views.start_ledger(self.cfg, ctx.app_name, self.router_id, self.core)
@@ -108,7 +111,7 @@ class Ingress:
             [self._replica_monitor(ctx.app_name, pool) for pool in self.core.pools.values()],
             self.core.recorder,
             self.cfg.load_poll_interval_s,
-            hooks=(self.drain.poll, self.core.probe_stores, self.tenancy_sync.poll),
+            hooks=(self.drain.poll, self.core.probe_stores, self.tenancy_sync.poll, self.adapter_admin.poll),
         )
         self.monitor.start()
         self.core.start_counter_sync(self.cfg.counter_sync_s)
@@ -152,15 +155,17 @@ class Ingress:
             tenant = self._tenant(request)
         except Exception as exc:
             return error_response(exc)
-        return JSONResponse({"object": "list", "data": [_card(m) for m in self.core.models_of(tenant)]})
+        cards = [_card(m) for m in self.core.models_of(tenant)]
+        cards += [card(a) for a in self.core.adapters_of(tenant)]
+        return JSONResponse({"object": "list", "data": cards})
 
     @api.get("/v1/models/{model:path}", responses=api_docs.TENANT)
     async def model(self, model: str, request: Request) -> Response:
         try:
-            self.core.pool_for(self._tenant(request), model)
+            _, adapter = self.core.resolve(self._tenant(request), model)
         except Exception as exc:
             return error_response(exc)
-        return JSONResponse(_card(model))
+        return JSONResponse(_card(model) if adapter is None else card(adapter))
 
     # ---- operations ---------------------------------------------------------------------------
     @api.get("/health", responses=api_docs.HEALTH)
@@ -253,6 +258,26 @@ class Ingress:
     async def admin_state(self, request: Request) -> Response:
         return self._admin(request, self._state)
 
+    @api.get("/admin/adapters", responses=api_docs.ADMIN)
+    async def admin_adapters(self, request: Request) -> Response:
+        return self._admin(request, lambda: listing(self.core.adapters))
+
+    @api.post("/admin/adapters", responses=api_docs.ADMIN)
+    async def admin_adapter_add(self, body: AdapterRegistration, request: Request) -> Response:
+        try:
+            self._check_admin(request)
+            return JSONResponse(await self.adapter_admin.register(body), status_code=201)
+        except Exception as exc:
+            return error_response(exc)
+
+    @api.delete("/admin/adapters/{name:path}", responses=api_docs.ADMIN)
+    async def admin_adapter_remove(self, name: str, request: Request) -> Response:
+        try:
+            self._check_admin(request)
+            return JSONResponse(await self.adapter_admin.unregister(name))
+        except Exception as exc:
+            return error_response(exc)
+
     @api.post("/admin/tenants/reload", responses=api_docs.RELOAD)
     async def admin_reload(self, request: Request) -> Response:
         # Every router applies the file's version; 202 when some did not report it in time.
@@ -281,9 +306,9 @@ class Ingress:
             if self.drain.draining:  # counted like any refusal: sent = completed + rejected + ...
                 self.core.metrics.observe_rejection(tenant.id, tenant.sla_class, "draining")
                 raise Draining(int(self.cfg.drain_timeout_s) or 1)
-            pool = self.core.pool_for(tenant, body.model)  # 404 before any quota is taken
+            pool, adapter = self.core.resolve(tenant, body.model)  # 404 before any quota is taken
             jobs = self.jobs[pool.name]
-            batch = await jobs.build_all(request_id, pool.tenant(tenant), body)  # a job per prompt
+            batch = await jobs.build_all(request_id, pool.tenant(tenant), body, adapter)  # a job per prompt
             # A yield point: parsing, auth, templating and tokenizing were one step of the loop;
             # admission and dispatch are the next, so no request holds the loop for both.
             await asyncio.sleep(0)

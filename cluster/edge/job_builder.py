@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from cluster.config import AppConfig
 from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.response_format import check_grammar
 from cluster.edge.tool_grammar import check_tool_request, tool_grammar
 from cluster.errors import BadRequest, NotFound
+from cluster.routing.adapter_registry import Adapter
 from cluster.routing.request_job import Job
 from cluster.text.prompts import PromptEncoder
 from cluster.text.tool_parsers import Family
@@ -43,21 +45,39 @@ class JobBuilder:
         self._max_model_len: int | None = None
 
     async def build(
-        self, request_id: str, tenant: Tenant, body: CompletionRequest | ChatCompletionRequest
+        self,
+        request_id: str,
+        tenant: Tenant,
+        body: CompletionRequest | ChatCompletionRequest,
+        adapter: Adapter | None = None,
     ) -> Job:
         """The job of a request with one prompt (a chat, or a completion of one prompt)."""
-        jobs = await self.build_all(request_id, tenant, body)
+        jobs = await self.build_all(request_id, tenant, body, adapter)
         if len(jobs) != 1:
             raise BadRequest("this request has several prompts", param="prompt")
         return jobs[0]
 
     async def build_all(
-        self, request_id: str, tenant: Tenant, body: CompletionRequest | ChatCompletionRequest
+        self,
+        request_id: str,
+        tenant: Tenant,
+        body: CompletionRequest | ChatCompletionRequest,
+        adapter: Adapter | None = None,
     ) -> list[Job]:
         """One job per prompt: a completions batch is served as separate requests (each admitted,
-        queued and charged on its own), answered together; a batch of one keeps the request's id."""
-        if body.model != self._cfg.served_model_name:
+        queued and charged on its own), answered together; a batch of one keeps the request's id.
+        ``adapter``: the LoRA adapter the request's ``model`` names, on this builder's model."""
+        served = adapter.name if adapter is not None else self._cfg.served_model_name
+        if body.model != served or (adapter is not None and adapter.model != self._cfg.served_model_name):
             raise NotFound(f"the model {body.model!r} does not exist", code="model_not_found", param="model")
+        jobs = await self._build_all(request_id, tenant, body)
+        if adapter is None:
+            return jobs
+        return [replace(job, adapter=adapter.name, adapter_path=adapter.path) for job in jobs]
+
+    async def _build_all(
+        self, request_id: str, tenant: Tenant, body: CompletionRequest | ChatCompletionRequest
+    ) -> list[Job]:
         samples = body.samples if isinstance(body, CompletionRequest) else body.n
         if samples > self._cfg.max_n:
             param = "n" if samples == body.n else "best_of"

@@ -30,6 +30,7 @@ requests = Table(
     Column("reason", Text),
     Column("replica_seconds", Float(precision=53), nullable=False),
     Column("cost_usd", Float(precision=53), nullable=False),
+    Column("adapter", Text),  # migrations/0003_adapter.sql
 )
 
 # The hourly rollup (migrations/0002_rollup.sql).

@@ -120,6 +120,7 @@ class DirectDispatch:
                 ongoing=len(replica.link.pending) + replica.others,
                 kv_free_tokens=float(stats.get("kv_blocks_free", 0)) * block,
                 hit_tokens=self._affinity.hit_blocks(rid, chain) * block if chain else 0,
+                adapter_missing=args.adapter is not None and args.adapter not in stats.get("adapters", ()),
             )
             return replica_cost(state, prompt_tokens)
 

@@ -55,6 +55,7 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
         block_size = self._affinity.block_size()
         prompt_tokens = len(prompt.token_ids) if prompt is not None else 0
         cache = self.replica_queue_len_cache
+        adapter = getattr(_args(pending_request), "adapter", None)
 
         def cost(replica: RunningReplica) -> tuple[float, float]:
             stats = replica.routing_stats or {}
@@ -66,6 +67,7 @@ class KVAwareRouter(FIFOMixin, RequestRouter):
                 ongoing=int(cache.get(replica.replica_id) or 0),
                 kv_free_tokens=float(stats.get("kv_blocks_free", 0)) * block_size,
                 hit_tokens=self._affinity.hit_blocks(rid, chain) * block_size if chain else 0,
+                adapter_missing=adapter is not None and adapter not in stats.get("adapters", ()),
             )
             return replica_cost(state, prompt_tokens)
 

@@ -15,6 +15,9 @@ first token (docs/cluster.md, "Replica choice"):
 * ``ongoing(r)``: requests on r (Serve's queue-length cache), ``per_request`` tokens each.
 * ``hit(r)``: prompt tokens r holds in its prefix cache (choice ``prefix``; 0 for ``load``): the
   leading blocks its summary or this router's recent sends to it say it has.
+* a request for a LoRA adapter that r does not hold in its device slots costs ``ADAPTER_MISS_TOKENS``
+  more there (r must read it in, and may evict another): a hot adapter stays where it is resident
+  until that replica's queue outweighs the load elsewhere, then spreads to a second replica.
 
 Ties go to the replica with more free KV (net of queued tokens). With ``load`` the prompt term is the
 same everywhere, so the order is queued tokens then free KV, as before the prefix choice existed.
@@ -27,6 +30,7 @@ from typing import Literal
 
 ReplicaChoice = Literal["load", "prefix"]
 PER_REQUEST_TOKENS = 16
+ADAPTER_MISS_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,7 @@ class ReplicaState:
     ongoing: int = 0  # requests on the replica (Serve's queue-length cache)
     kv_free_tokens: float = 0.0
     hit_tokens: int = 0
+    adapter_missing: bool = False  # the request names an adapter this replica does not hold
 
 
 def replica_cost(
@@ -51,7 +56,8 @@ def replica_cost(
     reported = state.waiting_tokens if state.ongoing > 0 else 0.0
     queued = reported + state.unreported_tokens
     miss = max(0, prompt_tokens - state.hit_tokens)
-    return (queued + per_request * state.ongoing + miss, -(state.kv_free_tokens - queued))
+    load = ADAPTER_MISS_TOKENS if state.adapter_missing else 0
+    return (queued + per_request * state.ongoing + miss + load, -(state.kv_free_tokens - queued))
 
 
 def replica_score(stats: dict, queue_len: int | None, block_tokens: int = 16) -> tuple[float, float]:

@@ -107,6 +107,7 @@ class RequestRunner:
             time.monotonic(),
             prompt_tokens=len(job.prompt_ids),
             model=self.model,
+            adapter=job.adapter,
             key_id=key_id,
             user=job.user,
             received=received,
@@ -148,6 +149,8 @@ class RequestRunner:
                 cache_group=job.tenant.cache_group,
                 cache_salt=job.cache_salt,
                 priority=priority,
+                adapter=job.adapter,
+                adapter_path=job.adapter_path,
             )
             return self._replicas.generate.remote(args)
         # On the channel every output waits at most one flush: the frame is shared by all streams,
@@ -166,6 +169,8 @@ class RequestRunner:
             reply_to=self.channel.address,
             channel_key=self.channel.key,
             flush_s=self.flush_now_s,
+            adapter=job.adapter,
+            adapter_path=job.adapter_path,
         )
         call = self.direct.submit(args) if self.direct is not None else None
         active.via_serve = call is None

@@ -20,6 +20,10 @@ class Job:
     coalesce_s: float = 0.0
     user: str | None = None  # the request's OpenAI `user`: recorded with its timing, nothing else
     cache_salt: str | None = None  # vLLM's cache_salt: only requests with the same salt share cached blocks
+    adapter: str | None = (
+        None  # the LoRA adapter the request's `model` names (cluster/routing/adapter_registry.py)
+    )
+    adapter_path: str | None = None  # its directory, read by the replica that first serves it
 
     @property
     def max_tokens(self) -> int:

@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.config import AppConfig
 from cluster.errors import NotFound
+from cluster.routing.adapter_registry import Adapter, AdapterRegistry
 from cluster.routing.direct_dispatch import DirectDispatch, ReadBoard
 from cluster.routing.model_pool import ModelPool, redis_url_with_password
 from cluster.routing.stream_receiver import StreamReceiver
@@ -71,6 +72,7 @@ class RouterCore:
             m.name: ModelPool(m, config, replicas[m.name], tenancy, self.metrics, self.recorder)
             for m in config.served_models
         }
+        self.adapters = AdapterRegistry({m.name: m.engine.lora_adapters for m in config.served_models})
         self._counter_sync: asyncio.Task | None = None
 
     def attach_channel(self, channel: StreamReceiver) -> None:
@@ -102,9 +104,29 @@ class RouterCore:
             raise model_not_found(model)
         return pool
 
+    def resolve(self, tenant: Tenant, model: str) -> tuple[ModelPool, Adapter | None]:
+        """The pool a request's ``model`` runs on, and its LoRA adapter if it names one; the 404
+        ``model_not_found`` for a name ``tenant`` may not use (an adapter granted to another tenant
+        gets the same answer as a name nobody serves)."""
+        adapter = self.adapters.get(model) if model not in self.pools else None
+        if adapter is None:
+            return self.pool_for(tenant, model), None
+        pool = self.pools.get(adapter.model)
+        if pool is None or not tenant.may_use_adapter(adapter.name, adapter.model):
+            raise model_not_found(model)
+        return pool, adapter
+
     def models_of(self, tenant: Tenant) -> list[str]:
         """The served models ``tenant`` may use, in the config's order."""
         return [name for name in self.pools if tenant.may_use(name)]
+
+    def adapters_of(self, tenant: Tenant) -> list[Adapter]:
+        """The adapters ``tenant`` may use, on models it may use."""
+        return [
+            a
+            for a in self.adapters.all()
+            if a.model in self.pools and tenant.may_use_adapter(a.name, a.model)
+        ]
 
     def apply_tenancy(self, tenancy: TenancyConfig) -> None:
         """Enforce ``tenancy`` from now on; in-flight requests finish under the limits they were

@@ -32,6 +32,10 @@ class GenerateArgs:
     reply_to: str | None = None
     channel_key: str | None = None
     flush_s: float = 0.02
+    # LoRA: the adapter the request runs with (None: the base model), and its directory, which the
+    # replica reads the first time one of its requests names the adapter.
+    adapter: str | None = None
+    adapter_path: str | None = None
 
     def as_wire(self) -> list[Any]:
         """The fields in order, for a direct-dispatch frame (``submit_server.py``)."""
@@ -48,7 +52,10 @@ class GenerateArgs:
         """The engine's opaque cache scope. Groups and tenants are tagged apart, so a tenant named
         like some group never shares that group's blocks; no tenant (a direct caller) is one scope."""
         owner = ["group", self.cache_group] if self.cache_group is not None else ["tenant", self.tenant]
-        return json.dumps([*owner, self.cache_salt])
+        scope = [*owner, self.cache_salt]
+        # An adapter changes every key and value: its blocks are its own (and the routers' prefix
+        # affinity, which hashes prompts under this scope, tells them apart too).
+        return json.dumps(scope if self.adapter is None else [*scope, "adapter", self.adapter])
 
 
 _FIELDS = tuple(f.name for f in fields(GenerateArgs))

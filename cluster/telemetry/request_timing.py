@@ -29,6 +29,7 @@ class RequestTiming:
     reason: str | None = None
     replica_id: str | None = None
     model: str = ""
+    adapter: str | None = None  # the LoRA adapter it ran with (the ledger's row names it)
     key_id: str = ""  # the API key's short id (cluster/ledger/rows.py), never the key
     itl_p99: float | None = None  # the 99th percentile of inter-token gaps, set at the end
     user: str | None = None  # the end user the client named (OpenAI's `user`), within its tenant

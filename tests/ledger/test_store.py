@@ -38,6 +38,22 @@ async def test_a_row_sent_twice_is_stored_once(dsn: str) -> None:
         await store.close()
 
 
+async def test_the_adapter_a_request_ran_with_is_stored(dsn: str) -> None:
+    store = LedgerStore(dsn)
+    try:
+        await store.migrate()
+        batch = rows(4, seed=3)
+        batch[0].adapter = "acme-sql"
+        await store.insert(batch)
+        async with store.connect() as conn:
+            stored = await conn.execute(text("SELECT request_id, adapter FROM ledger_requests"))
+            adapters = dict(stored.all())
+        assert adapters[batch[0].request_id] == "acme-sql"
+        assert [adapters[r.request_id] for r in batch[1:]] == [None, None, None]
+    finally:
+        await store.close()
+
+
 async def test_retention_deletes_rows_older_than_the_cutoff(dsn: str) -> None:
     store = LedgerStore(dsn)
     try:
