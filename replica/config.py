@@ -25,6 +25,11 @@ class EngineConfig:
     model: str = "smollm2-135m"
     device: str = "auto"  # "cpu", "cuda", "cuda:1" or "auto" (cuda when available)
     dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on CUDA
+    # "fp8": the projections' weights in e4m3 with per-channel scales, activations quantised per token
+    # (replica/fp8_linear.py, docs/engine.md "FP8"); needs compute capability >= 8.9. None: the
+    # checkpoint's own (an FP8 checkpoint's quantization_config turns it on), else the model dtype.
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8" is refused (not implemented yet)
     random_weights: bool = False
     mode: EngineMode = "auto"
     block_size: int = 16
@@ -87,12 +92,26 @@ class EngineConfig:
     # before the expected end, against wake-up and estimate errors.
     late_launch: bool | None = False
     late_launch_margin_ms: float = 1.0
+    # Multi-LoRA (replica/lora_*.py, docs/engine.md "Multi-LoRA"): adapter slots resident on the device
+    # (0: LoRA off, no memory and no work), the rank every slot is sized for (lower ranks are
+    # zero-padded), and (name, directory) adapters registered at start.
+    lora_slots: int = 0
+    max_lora_rank: int = 16
+    lora_adapters: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "async", "sync"):
             raise InvalidRequestError(f"mode must be 'auto', 'async' or 'sync', got {self.mode!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InvalidRequestError(f"unknown dtype {self.dtype!r}")
+        if self.quantization not in (None, "fp8"):
+            raise InvalidRequestError(f"quantization must be None or 'fp8', got {self.quantization!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise InvalidRequestError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype == "fp8":
+            raise InvalidRequestError(
+                "kv_cache_dtype 'fp8' is not implemented yet: use 'auto' (docs/engine.md, FP8)"
+            )
         positive = {
             "block_size": self.block_size,
             "kv_cache_tokens": self.kv_cache_tokens,
@@ -122,3 +141,17 @@ class EngineConfig:
             raise InvalidRequestError(f"decode_triton_gemms takes 'o' and 'down', not {sorted(unknown)}")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise InvalidRequestError("max_model_len must be greater than 1")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        from replica.errors import AdapterError
+
+        if not 0 <= self.lora_slots <= 1024:
+            raise AdapterError(f"lora_slots must be in [0, 1024], got {self.lora_slots}")
+        if not 1 <= self.max_lora_rank <= 64:
+            raise AdapterError(f"max_lora_rank must be in [1, 64], got {self.max_lora_rank}")
+        names = [name for name, _ in self.lora_adapters]
+        if self.lora_adapters and self.lora_slots == 0:
+            raise AdapterError("lora_adapters need lora_slots > 0 (LoRA is off)")
+        if len(set(names)) != len(names) or not all(names):
+            raise AdapterError("lora_adapters: names must be non-empty and distinct")

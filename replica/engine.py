@@ -29,10 +29,19 @@ from replica.detokenizer import IncrementalDetokenizer
 from replica.device_choice import pick_device, pick_dtype, resolve_mode
 from replica.engine_core import EngineCore, _Abort, _Add, _Hold
 from replica.engine_sizes import EngineSizes, sizes_for
-from replica.errors import DuplicateRequestError, EngineStoppedError, InvalidRequestError
+from replica.errors import (
+    AdapterError,
+    DuplicateRequestError,
+    EngineStoppedError,
+    InvalidRequestError,
+    UnknownAdapterError,
+)
+from replica.fp8_linear import require_fp8_device
 from replica.generation_defaults import GenerationDefaults
 from replica.grammar_compiler import GrammarCompiler
 from replica.late_launch import LateLaunch
+from replica.lora_adapter import LoraAdapter
+from replica.lora_registry import LoraRegistry, build_lora
 from replica.model_loader import LoadedModel, load_model
 from replica.model_runner import ModelRunner
 from replica.open_request import OpenRequest, OutputCallback
@@ -51,6 +60,8 @@ class Engine:
         self.config = config
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
+        if config.quantization is not None:  # refused here, before any weight is read
+            require_fp8_device(self.device, f"quantization '{config.quantization}'")
         self.mode = resolve_mode(config.mode, self.device)
         self.loaded: LoadedModel | None = None
         self.core: EngineCore | None = None
@@ -59,6 +70,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, OpenRequest] = {}
+        self.lora: LoraRegistry | None = None  # registered adapters (LoRA on), set at start
 
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -88,9 +100,13 @@ class Engine:
 
     def _build_core(self) -> EngineCore:
         cfg = self.config
-        self.loaded = load_model(cfg.model, self.device, self.dtype, cfg.random_weights, cfg.weights_seed)
+        self.loaded = load_model(
+            cfg.model, self.device, self.dtype, cfg.random_weights, cfg.weights_seed, cfg.quantization
+        )
         # The model's own limit: max_position_embeddings, or a sliding window (replica/architectures.py)
         self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, self.loaded.max_model_len)
+        # Multi-LoRA: the slot pool takes its memory before the KV cache is sized from what is left.
+        self.lora, lora_slots = build_lora(cfg, self.loaded.model, self.device, self.dtype)
         per_block = ModelRunner.kv_bytes_per_block(self.loaded.model, cfg.block_size, self.dtype)
         self.sizes = sizes = sizes_for(cfg, self.device, per_block)
         num_blocks = sizes.num_kv_blocks
@@ -102,7 +118,7 @@ class Engine:
             self.loaded.model, self.device, num_blocks, cfg.block_size, sizes.max_num_batched_tokens,
             sizes.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
             decode_kernel=decode_kernel, k_slices=cfg.decode_k_slices, triton_gemms=cfg.decode_triton_gemms,
-            context_graphs=cfg.context_cuda_graphs,
+            context_graphs=cfg.context_cuda_graphs, lora=lora_slots,
         )  # fmt: skip
         whole = cfg.keep_prompts_whole and bool(runner.mixed.fresh)  # the rule serves the graphs
         scheduler = Scheduler(
@@ -111,7 +127,10 @@ class Engine:
             sizes.max_num_batched_tokens,
             runner.table_width,
             keep_prompts_whole=whole,
+            lora=lora_slots,
         )
+        if lora_slots is not None:  # a load into an evicted slot waits for the step in flight
+            lora_slots.fence = lambda: runner._last_compute_done
         late_wanted = cfg.late_launch if cfg.late_launch is not None else self.device.type == "cuda"
         late = LateLaunch(cfg.late_launch_margin_ms) if late_wanted else None
         return EngineCore(runner, scheduler, set(self.eos_token_ids), self.mode, cfg.profile_history, late)
@@ -173,14 +192,18 @@ class Engine:
         request_id: str | None = None,
         cache_scope: str = "",
         priority: int = 0,
+        adapter: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (each sample's under its `index`); it ends when every sample has.
         Leaving the loop early aborts the request and frees its KV blocks. `cache_scope`: whose
         prefix cache the request may use (the router's tenant or cache group, and a salt); requests
         of different scopes never share cached blocks. `priority`: the request's SLA tier (0 first);
-        the scheduler admits and preempts by it (replica/scheduler.py)."""
+        the scheduler admits and preempts by it (replica/scheduler.py). `adapter`: a registered LoRA
+        adapter's name (None: the base model); an unknown one raises UnknownAdapterError."""
         outputs: asyncio.Queue = asyncio.Queue()
-        request = await self.submit(prompt, params, outputs.put_nowait, request_id, cache_scope, priority)
+        request = await self.submit(
+            prompt, params, outputs.put_nowait, request_id, cache_scope, priority, adapter
+        )
         open_samples = len(request.seqs)
         try:
             while open_samples:
@@ -200,12 +223,14 @@ class Engine:
         request_id: str | None = None,
         cache_scope: str = "",
         priority: int = 0,
+        adapter: str | None = None,
     ) -> OpenRequest:
         """Admit a request whose outputs go to `on_output`, called on this event loop as each step's
         outputs arrive: every sample's outputs in order, then nothing after the last (or after an
         `Exception`: the request failed). `cancel()` on the answer aborts it and frees its KV blocks.
         The arguments are `generate`'s; invalid ones raise here, before the engine sees the request."""
-        seqs, detoks = self._admit(prompt, params, request_id or uuid.uuid4().hex, cache_scope, priority)
+        request_id = request_id or uuid.uuid4().hex
+        seqs, detoks = self._admit(prompt, params, request_id, cache_scope, priority, adapter)
         # Work ahead of this request's first token, in the routers' units (kv_router): its uncached
         # prompt and its answer budget, until it produces.
         waiting = seqs[0].num_prompt - self.core.scheduler.cached_tokens(seqs[0])
@@ -264,7 +289,7 @@ class Engine:
             self.core.inbox.put(_Abort(request_id))
 
     def _admit(
-        self, prompt, params: SamplingParams, request_id: str, cache_scope: str = "", priority: int = 0
+        self, prompt, params: SamplingParams, request_id: str, cache_scope="", priority=0, adapter=None
     ) -> tuple[list[Sequence], list[IncrementalDetokenizer | None]]:
         """The request's sequences (one per sample) and their detokenizers, validated
         (``replica/request_intake.py``)."""
@@ -276,27 +301,32 @@ class Engine:
         ids = prompt_ids(prompt, self.tokenizer, vocab)
         check_fits(len(ids), params.max_tokens, self.max_model_len, self.core.blocks)
         check_params(params, vocab, self.sizes.max_num_seqs, self.tokenizer)
+        lora = self._adapter(adapter)
         return make_sequences(
             ids,
             params,
             request_id,
             eos_ids=self.core.eos_ids,
             max_model_len=self.max_model_len,
-            cache_root=self._cache_root(cache_scope),
+            cache_root=self._cache_root(cache_scope, lora),
             priority=priority,
             tokenizer=self.tokenizer,
+            lora=lora,
         )
 
-    def _cache_root(self, scope: str) -> bytes | None:
-        """The root of the request's prefix chain: the weights (name, random or not, seed) and scope."""
+    def _cache_root(self, scope: str, lora: LoraAdapter | None = None) -> bytes | None:
+        """The root of the request's prefix chain: the weights (name, random or not, seed, and the
+        adapter: its name and weights digest) and scope."""
         if not self.config.enable_prefix_caching:
             return None
-        return chain_root(self.cache_model_key(), scope)
+        return chain_root(self.cache_model_key(lora.cache_key if lora is not None else None), scope)
 
-    def cache_model_key(self) -> str:
-        """What the chain's root says of the weights: the routers hash prompts under it too."""
+    def cache_model_key(self, adapter_key: str | None = None) -> str:
+        """What the chain's root says of the weights: the routers hash prompts under it too. A request
+        with an adapter adds the adapter's `cache_key` (`adapter_cache_key`): its blocks are its own."""
         cfg = self.config
-        return f"{cfg.model}|{cfg.random_weights}|{cfg.weights_seed}"
+        base = f"{cfg.model}|{cfg.random_weights}|{cfg.weights_seed}"
+        return base if adapter_key is None else f"{base}|{adapter_key}"
 
     def cache_summary(self) -> CacheSummary | None:
         """A Bloom filter over the prefix cache's keys, for the routers' replica choice (None: off)."""
@@ -312,6 +342,44 @@ class Engine:
         for seq, item in batch:
             if seq.sink is not None:
                 seq.sink.deliver(item)
+
+    # ---- LoRA adapters (replica/lora_*.py; docs/engine.md "Multi-LoRA") -----------------------------
+    def add_adapter(self, name: str, path: str) -> None:
+        """Register a PEFT LoRA adapter: read and checked into host memory now (AdapterError names
+        what does not fit), loaded into a device slot when a request first uses it."""
+        if self.loaded is None:
+            raise EngineStoppedError("start the engine before registering adapters")
+        if self.lora is None:
+            raise AdapterError("LoRA is off on this replica (lora_slots is 0)")
+        self.lora.add(name, path)
+
+    def remove_adapter(self, name: str) -> None:
+        """Unregister an adapter: new requests naming it get UnknownAdapterError; requests admitted
+        with it finish with it, and its slot is reused first once they have."""
+        if self.lora is None:
+            raise UnknownAdapterError(f"no adapter named {name!r} (LoRA is off)")
+        self.lora.remove(name)
+
+    def adapters(self) -> list[str]:
+        """The registered adapters' names."""
+        return self.lora.names() if self.lora is not None else []
+
+    def resident_adapters(self) -> list[str]:
+        """Adapters in device slots now (the routers prefer a replica that holds a request's)."""
+        if self.lora is None or self.core is None or self.core.scheduler.lora is None:
+            return []
+        return self.core.scheduler.lora.resident()
+
+    def adapter_cache_key(self, name: str) -> str:
+        """What a request with this adapter adds to `cache_model_key` (the routers' prefix hashes)."""
+        return self._adapter(name).cache_key
+
+    def _adapter(self, name: str | None) -> LoraAdapter | None:
+        if name is None:
+            return None
+        if self.lora is None:
+            raise UnknownAdapterError(f"no adapter named {name!r} (LoRA is off on this replica)")
+        return self.lora.get(name)
 
     # ---- observability -----------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -35,3 +35,16 @@ class EngineStoppedError(EngineError):
 
 class RequestFailedError(EngineError):
     """A step that included this request raised; the request is ended, the engine keeps serving."""
+
+
+class AdapterError(InvalidRequestError):
+    """A LoRA adapter that cannot be served: a bad directory, a rank above the limit, target modules
+    or shapes that do not fit the base model, a feature the engine does not implement, or LoRA off."""
+
+
+class UnknownAdapterError(InvalidRequestError):
+    """A request names an adapter this replica has not registered (the edge answers 404)."""
+
+
+class UnsupportedDeviceError(InvalidRequestError):
+    """A setting this engine's device cannot run: FP8 (weights or KV cache) below compute capability 8.9."""

@@ -57,6 +57,13 @@ FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     # Structured output: each sample row's row of `token_mask`, or -1 (unconstrained: left alone).
     "mask_row": ("seqs", None, torch.int32),
     "logprob_k": ("seqs", None, torch.int32),  # top logprobs a sample row asks for; -1: no logprobs
+    # Multi-LoRA (replica/lora_step.py): each token row's adapter slot (-1: none), the rows with one
+    # sorted by slot, and the tiles of that order the kernels take. No rows with LoRA off.
+    "lora_slot": ("lora_tokens", None, torch.int64),
+    "lora_order": ("lora_tokens", None, torch.int32),
+    "lora_tile_slot": ("lora_tiles", None, torch.int32),
+    "lora_tile_start": ("lora_tiles", None, torch.int32),
+    "lora_tile_count": ("lora_tiles", None, torch.int32),
     "decode_tables": ("seqs", "table", torch.int64),
     "prefill_tables": ("seqs", "table", torch.int64),
     "bias_index": ("bias", None, torch.int64),  # flat index (sample row * vocab + token id)
@@ -101,11 +108,13 @@ class StepBuffers:
         table_width: int,
         bias_entries: int = 1,
         mask_words: int = 1,
+        lora_rows: dict[str, int] | None = None,
     ) -> None:
         self.device = device
         self.on_cuda = device.type == "cuda"
         self.table_width = table_width
         rows = {"tokens": max_tokens, "seqs": max_seqs, "chunk_bounds": max_seqs + 1, "one": 1}
+        rows |= lora_rows or {"lora_tokens": 0, "lora_tiles": 0}  # replica/lora_step.py buffer_rows
         rows["bias"] = bias_entries
         sizes = {**rows, "table": table_width, "mask_words": mask_words}
         offsets, total = _layout(sizes)

@@ -20,6 +20,7 @@ from replica.attention import (
     write_kv,
 )
 from replica.attention_metadata import AttentionMetadata
+from replica.fp8_linear import FP8Linear, make_linear
 from replica.rope import RotaryEmbedding
 from replica.sampler import greedy_pick
 
@@ -29,8 +30,10 @@ PARTIALS_MAX_ROWS = 64  # K-slice partials pay off where cuBLAS splits K: decode
 def project(linear: nn.Linear, x: torch.Tensor, k_slices: int, triton: bool = False) -> torch.Tensor:
     """linear(x), or with k_slices > 1 (and a decode-sized x) its float32 K-slice partial products,
     which the next `add_rmsnorm` adds (see replica/triton_fused.py `linear_partials`). With `triton`,
-    a Triton kernel computes the partials (replica/triton_gemm.py) where it takes the launch."""
-    if linear.bias is not None:  # the norm kernel that adds partials adds no bias: the plain GEMM
+    a Triton kernel computes the partials (replica/triton_gemm.py) where it takes the launch.
+    An FP8 projection (replica/fp8_linear.py) always runs its own FP8 product: no partials."""
+    # The norm kernel that adds partials adds no bias: a biased projection runs the plain GEMM.
+    if isinstance(linear, FP8Linear) or linear.bias is not None:
         return linear(x)
     if triton:
         import replica.triton_gemm as triton_gemm
@@ -63,8 +66,8 @@ class Attention(nn.Module):
         head_dim = spec.head_dim
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
-        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden, bias=spec.o_bias)
+        self.qkv_proj = make_linear(hidden, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = make_linear(self.q_size, hidden, bias=spec.o_bias)
         self.scale = head_dim**-0.5
         self.qk_norm = spec.qk_norm  # Qwen3: RMSNorm over each q and k head, before the rotary embedding
         if spec.qk_norm:
@@ -125,8 +128,8 @@ class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = make_linear(hidden, 2 * intermediate, bias=bias)
+        self.down_proj = make_linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)

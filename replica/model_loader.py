@@ -3,7 +3,8 @@
 A directory is a Hugging Face checkpoint of a supported architecture (replica/architectures.py):
 config.json, safetensors weights (one file, or shards with model.safetensors.index.json), its
 tokenizer files, and optionally generation_config.json. Weights load in the engine's dtype whatever
-their own (bf16, fp16 or float32).
+their own (bf16, fp16 or float32). With quantization "fp8", or from an FP8 checkpoint (its
+quantization_config, replica/fp8_checkpoint.py), the projections are FP8 (replica/fp8_linear.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from replica.architectures import arch_spec, architecture_of
 from replica.checkpoint import checkpoint_files
 from replica.embedded_model import cache_root, ensure_converted
 from replica.errors import CheckpointError, UnknownModelError
+from replica.fp8_checkpoint import checkpoint_scheme
+from replica.fp8_linear import quantized_linears, require_fp8_device
 from replica.generation_defaults import GenerationDefaults, eos_list, read_generation_defaults
 from replica.llama import LlamaForCausalLM
 from replica.presets import REAL_WEIGHTS, SHAPES
@@ -58,10 +61,19 @@ def model_dir_for(name: str) -> Path:
 
 
 def load_model(
-    name: str, device: torch.device, dtype: torch.dtype, random_weights: bool, seed: int = 0
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    random_weights: bool,
+    seed: int = 0,
+    quantization: str | None = None,
 ) -> LoadedModel:
+    """`quantization` "fp8": FP8 projections, quantised at load (an FP8 checkpoint turns it on itself)."""
     start = time.perf_counter()
-    loaded = _load_random(name, device, dtype, seed) if random_weights else _load_dir(name, device, dtype)
+    if random_weights:
+        loaded = _load_random(name, device, dtype, seed, quantization)
+    else:
+        loaded = _load_dir(name, device, dtype, quantization)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # the copies are asynchronous: count them in
     loaded.load_seconds = time.perf_counter() - start
@@ -86,12 +98,16 @@ def read_config(model_dir: Path):
         raise CheckpointError(f"{path}: transformers cannot read it ({exc})") from exc
 
 
-def _load_dir(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def _load_dir(name: str, device: torch.device, dtype: torch.dtype, quantization: str | None) -> LoadedModel:
     model_dir = model_dir_for(name)
     config, spec = read_config(model_dir)
+    if checkpoint_scheme(config, model_dir / "config.json") is not None:
+        quantization = "fp8"  # a float8 checkpoint is served as it is, never widened
+    if quantization is not None:
+        require_fp8_device(device, f"{model_dir} (quantization '{quantization}')")
     checkpoint_files(model_dir)  # every shard present before any is read or memory is taken
     generation = read_generation_defaults(model_dir)
-    model = build_model(config, device, dtype)
+    model = build_model(config, device, dtype, quantization)
     load_checkpoint(model, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ends = _end_ids(config, generation, tokenizer)
@@ -107,11 +123,15 @@ def _end_ids(config, generation: GenerationDefaults, tokenizer) -> tuple[int, ..
     return tuple(sorted(ids))
 
 
-def _load_random(name: str, device: torch.device, dtype: torch.dtype, seed: int) -> LoadedModel:
+def _load_random(
+    name: str, device: torch.device, dtype: torch.dtype, seed: int, quantization: str | None
+) -> LoadedModel:
     if name not in SHAPES:
         raise UnknownModelError(f"no random-weight preset {name!r}; presets: {', '.join(sorted(SHAPES))}")
+    if quantization is not None:
+        require_fp8_device(device, f"quantization '{quantization}'")
     config = LlamaConfig(**SHAPES[name].to_config_dict())
-    model = build_model(config, device, dtype)
+    model = build_model(config, device, dtype, quantization)
     init_random(model, seed)
     tokenizer = _tokenizer_for_random(name)
     ends = _end_ids(config, GenerationDefaults(), tokenizer)
@@ -127,11 +147,14 @@ def _tokenizer_for_random(name: str) -> PreTrainedTokenizerBase | None:
     return None  # token-id prompts only
 
 
-def build_model(config, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+def build_model(
+    config, device: torch.device, dtype: torch.dtype, quantization: str | None = None
+) -> LlamaForCausalLM:
+    """The module, empty, on `device`; with quantization "fp8" its projections are FP8Linear."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: an 8B model never exists in float32
     try:
-        with torch.device(device):
+        with torch.device(device), quantized_linears(quantization):
             return LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(previous)

@@ -33,6 +33,9 @@ from replica.generation_defaults import MAX_EOS_IDS
 from replica.grammar_masks import assign_mask_rows
 from replica.io_buffers import StepBuffers
 from replica.llama import LlamaForCausalLM
+from replica.lora_ops import attach_lora
+from replica.lora_slots import LoraSlots
+from replica.lora_step import buffer_rows, fill_lora
 from replica.mixed_step_graphs import MixedStepGraphs
 from replica.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS
 from replica.scheduler import StepPlan
@@ -65,6 +68,7 @@ class ModelRunner:
         k_slices: int = 0,
         triton_gemms: tuple[str, ...] = (),
         context_graphs: bool = False,
+        lora: LoraSlots | None = None,
     ) -> None:
         cfg = model.config
         if device.type == "cuda":
@@ -88,11 +92,17 @@ class ModelRunner:
         model.fused = device.type == "cuda" and fused_kernels
         model.k_slices = k_slices if model.fused and dtype in (torch.bfloat16, torch.float16) else 0
         model.triton_gemms = frozenset(triton_gemms) if model.k_slices >= 1 else frozenset()
+        # Multi-LoRA: wrapped projections add each row's delta (replica/lora_ops.py); the K-slice
+        # partials read the o/down weights directly and would skip it, so they are off with LoRA.
+        self.lora = attach_lora(model, lora) if lora is not None else None
+        if self.lora is not None:
+            model.k_slices, model.triton_gemms = 0, frozenset()
+        lora_rows = buffer_rows(max(max_tokens, max_seqs), lora.num_slots if lora is not None else 0)
         max_rows = max(max_tokens, max_seqs)
         bias = max(GRAPH_BIAS_ENTRIES, max_seqs * (MAX_LOGIT_BIAS + MAX_BAN_IDS))
         words = -(-cfg.vocab_size // 32)  # one packed token-mask row (structured output)
         self.buffers = [
-            StepBuffers(device, max_rows, max_seqs, self.table_width, bias, mask_words=words) for _ in (0, 1)
+            StepBuffers(device, max_rows, max_seqs, self.table_width, bias, words, lora_rows) for _ in (0, 1)
         ]
         self.sampler = StepSampler(model, device, max_seqs)
         pads = self.sampler.penalties.pad_row * cfg.vocab_size + np.arange(max_rows) % cfg.vocab_size
@@ -177,6 +187,8 @@ class ModelRunner:
         elif mixed_size is not None:
             decode_rows = mixed.graph_rows(mixed_size, self.max_seqs)
             mixed.pad_inputs(buf.np, layout, mixed_size, decode_rows, self.fill_context.pad_marks)
+        if self.lora is not None:  # every row's slot, padding rows' -1, and the tiles
+            fill_lora(plan, buf.np, graph_size or (mixed_size or layout.num_tokens))
         split = bool(layout.grammar_rows)
         if split:
             if masks is None:
@@ -265,6 +277,8 @@ class ModelRunner:
 
     def carried_ids(self, set_index: int, count: int) -> torch.Tensor:
         dev = self.buffers[set_index].dev
+        if self.lora is not None:  # every forward takes its ids here: its adapter rows are bound too
+            self.lora.bind(dev, count)
         source = self.buffers[1 - set_index].samples_dev
         prev = dev["prev_rows"][:count]
         return torch.where(prev >= 0, source[prev.clamp(min=0)], dev["input_ids"][:count])
@@ -330,6 +344,8 @@ class ModelRunner:
             prefill_max_q=layout.prefill_max_q, prefill_max_k=layout.prefill_max_k,
         )  # fmt: skip
         input_ids = self.carried_ids(set_index, t) if layout.has_placeholders else dev["input_ids"][:t]
+        if self.lora is not None:
+            self.lora.bind(dev, t)
         return self.model(input_ids, dev["positions"][:t], self.kv_caches, meta)
 
     def eager_draw(

@@ -70,9 +70,10 @@ def make_sequences(
     cache_root: bytes | None,
     priority: int,
     tokenizer,
+    lora=None,
 ) -> tuple[list[Sequence], list[IncrementalDetokenizer | None]]:
     """The request's sequences, one per sample (the first holds the others as forks), and their
-    detokenizers (None without a tokenizer)."""
+    detokenizers (None without a tokenizer). `lora`: the request's LoRA adapter (None: the base)."""
     seed = params.seed if params.seed is not None else random.getrandbits(32)
     ban = (() if params.ignore_eos else tuple(sorted(eos_ids))) + params.stop_token_ids
     arrival = time.monotonic()
@@ -89,6 +90,7 @@ def make_sequences(
             min_tokens_ban=ban if params.min_tokens else (),
             cache_root=cache_root,
             priority=priority,
+            lora=lora,  # every sample (forks too) runs with the request's adapter
         )
         for index in range(params.n)
     ]

@@ -86,8 +86,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         table_width: int = 256,
         keep_prompts_whole: bool = True,
+        lora=None,
     ) -> None:
         self.blocks = blocks
+        self.lora = lora  # the device's adapter slots (replica/lora_slots.py); None: LoRA off
         self.keep_prompts_whole = keep_prompts_whole
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -152,6 +154,8 @@ class Scheduler:
                 break
             if seq.num_pending:  # preempted while its last token was in flight: wait for it
                 break
+            if seq.lora is not None and seq.lora_slot < 0 and not self._take_slot(seq):
+                break  # its adapter is loading, or every slot is held: it waits (replica/lora_slots.py)
             hits = self._lookup(seq)
             remaining = seq.uncomputed() - len(hits) * self.blocks.block_size
             if has_chunk and budget < remaining <= self.max_num_batched_tokens:
@@ -278,6 +282,9 @@ class Scheduler:
                 self.blocks.allocate(child.block_table, parent.num_prompt)
                 copy = (parent.block_table[full], child.block_table[full])
             child.num_computed = parent.num_prompt
+            if parent.lora_slot >= 0:  # the sample reads its parent's adapter slot
+                self.lora.hold(parent.lora_slot)
+                child.lora_slot = parent.lora_slot
             child.num_cached_tokens = parent.num_cached_tokens  # one prompt: the request's figure
             child.status = SeqStatus.RUNNING
             insort(self.running, child, key=RANK)
@@ -320,6 +327,7 @@ class Scheduler:
         if seq.cache_root is not None and not any(f.child is seq for f in self._forks):
             self._register(seq, seq.num_computed)
         self.blocks.free(seq.block_table)
+        self._drop_slot(seq)
         seq.num_computed = seq.num_registered = 0
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
@@ -338,8 +346,23 @@ class Scheduler:
         if seq.cache_root is not None and not failed and seq.block_table:
             self._register(seq, seq.num_computed)
         self.blocks.free(seq.block_table, forget=failed)
+        self._drop_slot(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
+
+    def _take_slot(self, seq: Sequence) -> bool:
+        """Hold a device slot with `seq`'s adapter in it; False while it cannot be had yet."""
+        slot = self.lora.acquire(seq.lora)
+        if slot is None:
+            return False
+        seq.lora_slot = slot
+        return True
+
+    def _drop_slot(self, seq: Sequence) -> None:
+        """Let go of `seq`'s adapter slot (it stays loaded, idle, until evicted)."""
+        if seq.lora_slot >= 0:
+            self.lora.release(seq.lora_slot)
+            seq.lora_slot = -1
 
     def _take_row(self, seq: Sequence) -> None:
         """Give a newly running sequence its row of `block_rows` (its table is empty or restored)."""

@@ -73,6 +73,10 @@ class Sequence:
     block_keys: list[bytes] = field(default_factory=list)
     num_registered: int = 0
     num_cached_tokens: int = 0
+    # Multi-LoRA: the request's adapter (a replica.lora_adapter.LoraAdapter; None: the base model)
+    # and the device slot it holds while admitted (-1: none; replica/lora_slots.py).
+    lora: object | None = None
+    lora_slot: int = -1
     # temperature, top_k, top_p, min_p, seed and the three penalties as one row (exact in float64:
     # the seed has 32 bits); the input builder reads this one tuple per sequence.
     sampling_row: tuple[float, ...] = field(init=False)
@@ -106,6 +110,11 @@ class Sequence:
             ids += self.min_tokens_ban
             values += [float("-inf")] * len(self.min_tokens_ban)
         return ids, values
+
+    @property
+    def adapter(self) -> str | None:
+        """The name of the request's LoRA adapter (None: the base model)."""
+        return self.lora.name if self.lora is not None else None
 
     @property
     def num_tokens(self) -> int:

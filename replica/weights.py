@@ -13,6 +13,8 @@ import torch
 
 from replica.checkpoint import checkpoint_tensors
 from replica.errors import CheckpointError
+from replica.fp8_checkpoint import UNUSED_SCALES, Fp8Writer
+from replica.fp8_linear import fp8_modules, init_random_fp8
 from replica.llama import LlamaForCausalLM
 
 # HF projection -> (our fused name, index of the shard inside it)
@@ -23,25 +25,39 @@ _FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-_FUSED_NAME = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
+_FUSED_NAME = re.compile(
+    r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias|weight_scale|{})$".format(
+        "|".join(UNUSED_SCALES)
+    )
+)  # FP8 checkpoints add scales beside the weights (replica/fp8_checkpoint.py)
 _SHARDS = {"qkv_proj": 3, "gate_up_proj": 2}
 
 
 def load_checkpoint(model: LlamaForCausalLM, model_dir: Path) -> None:
-    """Copy a checkpoint into `model`; every parameter must be written, every tensor must fit one."""
+    """Copy a checkpoint into `model`; every parameter must be written, every tensor must fit one.
+    FP8 projections (replica/fp8_linear.py) take float8 weights with their scales, or quantise
+    full-precision ones as they arrive."""
     params = dict(model.named_parameters())
     written: set[str] = set()
+    fp8 = Fp8Writer(model) if fp8_modules(model) else None
     for hf_name, tensor, path in checkpoint_tensors(model_dir):
         name = hf_name.removeprefix("model.")
         if "rotary_emb" in name or (name == "lm_head.weight" and model.config.tie_word_embeddings):
             continue  # rope tables are computed; a tied head is the embedding (some writers save both)
+        if fp8 is not None and name.endswith(("self_attn.k_scale", "self_attn.v_scale")):
+            continue  # KV-cache scales: the cache stays in the model dtype
         match = _FUSED_NAME.search(name)
         shard = None
         if match:
             fused, shard = _FUSED[match.group(1)]
             name = f"{name[: match.start()]}.{fused}.{match.group(2)}"
+        if fp8 is not None and fp8.takes(name):
+            fp8.put(name, _rows(model, name, shard), tensor, path)
+            continue
         if name not in params:
             raise CheckpointError(f"{path}: tensor {hf_name} has no place in {model.spec.architecture}")
+        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise CheckpointError(f"{path}: {hf_name} is float8 and {name} is not an FP8 projection")
         target = _target(model, params[name], name, shard)
         if tuple(target.shape) != tuple(tensor.shape):
             raise CheckpointError(
@@ -52,6 +68,8 @@ def load_checkpoint(model: LlamaForCausalLM, model_dir: Path) -> None:
             target.copy_(tensor)
         written.add(name if shard is None else f"{name}#{shard}")
     _check_complete(model, written, model_dir)
+    if fp8 is not None:
+        fp8.check_complete(model_dir)
 
 
 def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
@@ -63,13 +81,18 @@ def _shard_sizes(model: LlamaForCausalLM, fused: str) -> list[int]:
     return [q, kv, kv]
 
 
-def _target(model: LlamaForCausalLM, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
-    """The parameter, or the rows of a fused parameter that one HF tensor fills."""
+def _rows(model: LlamaForCausalLM, name: str, shard: int | None) -> slice:
+    """The rows of a fused parameter that one HF tensor fills (all rows when it is not fused)."""
     if shard is None:
-        return param
+        return slice(None)
     sizes = _shard_sizes(model, name.split(".")[-2])
     start = sum(sizes[:shard])
-    return param[start : start + sizes[shard]]
+    return slice(start, start + sizes[shard])
+
+
+def _target(model: LlamaForCausalLM, param: torch.Tensor, name: str, shard: int | None) -> torch.Tensor:
+    """The parameter, or the rows of a fused parameter that one HF tensor fills."""
+    return param[_rows(model, name, shard)]
 
 
 def _check_complete(model: LlamaForCausalLM, written: set[str], model_dir: Path) -> None:
@@ -127,3 +150,4 @@ def init_random(model: LlamaForCausalLM, seed: int) -> None:
                 param.normal_(0.0, OUTPUT_STD, generator=generator)
             else:
                 param.normal_(0.0, std, generator=generator)
+        init_random_fp8(model, std, generator)  # FP8 projections hold their weights in buffers
