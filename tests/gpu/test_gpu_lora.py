@@ -120,7 +120,8 @@ def _plan(count: int, seed: int = 0) -> list[tuple[list[int], str | None]]:
     ]
 
 
-async def _serve(config: EngineConfig, plan) -> tuple[list[list[int]], Engine]:
+async def _serve(config: EngineConfig, plan) -> tuple[list[list[int]], tuple[int, int]]:
+    """Each request's tokens, and the runner's (graph, mixed-graph) replays read before the stop."""
     engine = Engine(config)
     await engine.start()
 
@@ -131,9 +132,10 @@ async def _serve(config: EngineConfig, plan) -> tuple[list[list[int]], Engine]:
 
     try:
         outs = await asyncio.gather(*(one(i, p, a) for i, (p, a) in enumerate(plan)))
+        replays = (engine.core.runner.graph_replays, engine.core.runner.mixed_replays)
     finally:
         await engine.stop()
-    return outs, engine
+    return outs, replays
 
 
 def _config(model_dir: Path, root: Path, **kwargs) -> EngineConfig:
@@ -141,14 +143,14 @@ def _config(model_dir: Path, root: Path, **kwargs) -> EngineConfig:
     return EngineConfig(model=str(model_dir), device="cuda", lora_slots=4, lora_adapters=adapters, **kwargs)
 
 
-async def test_float32_graphed_engine_equals_merged_reference(setup):
+def test_float32_graphed_engine_equals_merged_reference(setup):
     """Float32 (decode graphs, eager prefill): every request equals transformers with its adapter."""
     from tests.replica.checkpoints import hf_greedy_many
 
     model_dir, root, merged = setup
     plan = _plan(20)
-    outs, engine = await _serve(_config(model_dir, root, dtype="float32", mode="async"), plan)
-    assert engine.core.runner.graph_replays > 0
+    outs, (replays, _) = asyncio.run(_serve(_config(model_dir, root, dtype="float32", mode="async"), plan))
+    assert replays > 0
     for name in (None, "a", "b", "c", "d"):
         mine = [(i, p) for i, (p, a) in enumerate(plan) if a == name]
         ref_model = merged_reference(model_dir, merged[name] if name else None)
@@ -157,13 +159,13 @@ async def test_float32_graphed_engine_equals_merged_reference(setup):
             assert outs[i] == ref, (i, name)
 
 
-async def test_bf16_graphs_equal_eager_with_mixed_adapters(setup):
+def test_bf16_graphs_equal_eager_with_mixed_adapters(setup):
     """bf16: decode graphs and mixed-step graphs over rows of four adapters and of none give what the
     same engine gives eagerly (the same kernels, other step shapes: near-ties may part a few)."""
     model_dir, root, _ = setup
     plan = _plan(30, seed=1)
-    graphed, engine = await _serve(_config(model_dir, root, mode="async"), plan)
-    eager, _ = await _serve(_config(model_dir, root, mode="async", cuda_graphs=False), plan)
-    assert engine.core.runner.graph_replays > 0 and engine.core.runner.mixed_replays > 0
+    graphed, (replays, mixed) = asyncio.run(_serve(_config(model_dir, root, mode="async"), plan))
+    eager, _ = asyncio.run(_serve(_config(model_dir, root, mode="async", cuda_graphs=False), plan))
+    assert replays > 0 and mixed > 0
     same = sum(g == e for g, e in zip(graphed, eager, strict=True))
     assert same >= 0.9 * len(plan), f"{same} of {len(plan)} agree"
