@@ -23,6 +23,7 @@ from cluster.model_settings import EngineSettings, ModelSettings
 from cluster.routing.kv_router import KVAwareRouter
 from cluster.serving.engine_load_policy import engine_requests_policy
 from cluster.serving.replica_deployment import ReplicaServer
+from cluster.serving.sla_serve_policy import SlaServePolicy, policy_kwargs
 
 ROUTING_STATS_PERIOD_S = 0.5
 # How often a stopping replica counts its in-flight requests (Serve's default is 2 s): it exits, and
@@ -63,21 +64,32 @@ def replica_options(config: AppConfig, model: ModelSettings | None = None) -> di
     if a is None:
         opts["num_replicas"] = model.num_replicas
     else:
-        # Direct dispatch's requests never pass Serve's handle: scale on the engines' own counts.
-        policy = engine_requests_policy if config.direct_dispatch else None
-        opts["autoscaling_config"] = serve_autoscaling(
-            a.min_replicas, a.max_replicas, a.initial_replicas or a.min_replicas, a, policy
-        )
+        first = a.initial_replicas or a.min_replicas
+        policy = replica_policy(config, model)
+        opts["autoscaling_config"] = serve_autoscaling(a.min_replicas, a.max_replicas, first, a, policy)
     return opts
 
 
+def replica_policy(config: AppConfig, model: ModelSettings) -> AutoscalingPolicy | Callable | None:
+    """The replicas' custom policy: the SLA policy (``autoscaling.policy: sla``); else, with direct
+    dispatch, whose requests never pass Serve's handle, the engines' own counts; else Serve's."""
+    a = model.autoscaling
+    if a is not None and a.policy == "sla":
+        kwargs = policy_kwargs(a.sla, a, "cpu" if replica_gpus(model) == 0 else "cuda")
+        return AutoscalingPolicy(policy_function=SlaServePolicy, policy_kwargs=kwargs)
+    return engine_requests_policy if config.direct_dispatch else None
+
+
 def serve_autoscaling(
-    least: int, most: int, first: int, pace: Any, policy: Callable | None = None
+    least: int, most: int, first: int, pace: Any, policy: AutoscalingPolicy | Callable | None = None
 ) -> AutoscalingConfig:
     """Serve's autoscaling of a deployment (replicas or routers); ``pace`` gives the target ongoing
     requests, the delays and the report interval; ``policy``: a custom policy function (Serve's
     default policy when None)."""
-    extra = {"policy": AutoscalingPolicy(policy_function=policy)} if policy is not None else {}
+    if isinstance(policy, AutoscalingPolicy):
+        extra = {"policy": policy}
+    else:
+        extra = {"policy": AutoscalingPolicy(policy_function=policy)} if policy is not None else {}
     return AutoscalingConfig(
         min_replicas=least,
         max_replicas=most,
@@ -151,6 +163,8 @@ def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "max_model_len": e.max_model_len,
         "enable_prefix_caching": e.enable_prefix_caching,
+        "quantization": e.quantization,
+        "kv_cache_dtype": e.kv_cache_dtype,
     } | _lora_kwargs(e)
 
 
@@ -189,8 +203,9 @@ def compose(config: AppConfig, replicas: StandIn | None = None) -> serve.Applica
 def replica_pool(config: AppConfig, model: ModelSettings, generation: str) -> serve.Application:
     """One model's replica deployment, bound to its engine settings."""
     engine = model.engine
+    sla = model.autoscaling is not None and model.autoscaling.policy == "sla"
     return serve.deployment(ReplicaServer, **replica_options(config, model)).bind(
-        engine_kwargs(engine), engine.synthetic_tokenizer, generation, model.name, config.direct_dispatch
+        engine_kwargs(engine), engine.synthetic_tokenizer, generation, model.name, config.direct_dispatch, sla
     )
 
 

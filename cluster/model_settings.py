@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster.serving.sla_settings import SlaSettings
+
 # Safe in a Redis key prefix (no braces: the tenants' hash tags), a metric label and a deployment name.
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$"
 # The first model's replica deployment keeps the single-model name, so the drills, tools and tests
@@ -85,6 +87,15 @@ class EngineSettings(_Frozen):
         description="Plan each step as the one on the device is about to end, so arrivals join it "
         "(docs/engine.md, measured: off by default); None: on with CUDA.",
     )
+    quantization: Literal["fp8"] | None = Field(
+        default=None,
+        description="fp8: FP8 weights (per-channel scales) and activations (per token) in the "
+        "projections; needs a GPU of compute capability >= 8.9 (docs/engine.md, FP8). None: the "
+        "checkpoint's own (an FP8 checkpoint is served in FP8), else the model dtype.",
+    )
+    kv_cache_dtype: Literal["auto"] = Field(
+        default="auto", description="KV cache dtype: auto (the model dtype); fp8 is not implemented yet."
+    )
     lora_slots: int = Field(
         default=0,
         ge=0,
@@ -128,6 +139,13 @@ class AutoscalingSettings(_Frozen):
     )
     downscale_delay_s: float = Field(default=10.0, ge=0, description="Idle time before scaling down.")
     metrics_interval_s: float = Field(default=0.5, gt=0, description="How often replicas report their load.")
+    policy: Literal["ongoing", "sla"] = Field(
+        default="ongoing",
+        description="ongoing: Serve's policy on ongoing requests (the engines' running + waiting with "
+        "direct dispatch) at target_ongoing_requests; sla: predicted SLA attainment per class "
+        "(cluster/serving/sla_policy.py, `sla` below; docs/cluster.md).",
+    )
+    sla: SlaSettings = Field(default_factory=SlaSettings, description="The SLA policy's settings.")
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSettings:

@@ -322,6 +322,27 @@ def simulate_cmd(
     run_cli(scenario, spec, out, console)
 
 
+@app.command("simulate-autoscale")
+def simulate_autoscale_cmd(
+    out: Path = typer.Option(..., "--out", help="The JSON written."),
+    tenants: int = typer.Option(1000, "--tenants", help="Tenants in three SLA classes."),
+    bound: int = typer.Option(64, "--bound", help="Most replicas (and the fixed row's count)."),
+    day_s: float = typer.Option(1200.0, "--day-s", help="Simulated seconds of the compressed day."),
+    start_s: float = typer.Option(60.0, "--start-s", help="A replica's start: creation to serving."),
+    step_model: str = typer.Option("h200-llama-3.1-8b", "--step-model", help="sim/data/step_<name>.json"),
+    seed: int = typer.Option(10, "--seed", help="The trace's seed."),
+) -> None:
+    """A compressed day (diurnal 10×, two 3× flash crowds) under the SLA autoscaling policy, Serve's
+    ongoing-requests policy at three targets, and fixed provisioning for the peak (docs/cluster.md)."""
+    from loadtest.sim.autoscale_day import DaySpec
+    from loadtest.sim.cli import run_autoscale_cli
+
+    spec = DaySpec(
+        tenants=tenants, bound=bound, day_s=day_s, start_s=start_s, step_model=step_model, seed=seed
+    )
+    run_autoscale_cli(spec, out, console)
+
+
 @app.command("hash-key")
 def hash_key_cmd(
     config: Path | None = typer.Option(None, "--config", help="Tenancy YAML whose key_salt to use."),

@@ -37,6 +37,7 @@ from cluster.routing.router_core import RouterCore
 from cluster.routing.stream_receiver import StreamReceiver
 from cluster.routing.tenancy_sync import Deployment, TenancySync
 from cluster.serving import replica_board
+from cluster.serving.sla_publisher import SlaPublisher
 from cluster.telemetry.gc_pacer import GcPacer, pacing_wanted
 from cluster.telemetry.gc_pauses import PROCESS_GC, settle_for_serving
 from cluster.telemetry.loop_holds import LoopHolds
@@ -111,7 +112,13 @@ class Ingress:
             [self._replica_monitor(ctx.app_name, pool) for pool in self.core.pools.values()],
             self.core.recorder,
             self.cfg.load_poll_interval_s,
-            hooks=(self.drain.poll, self.core.probe_stores, self.tenancy_sync.poll, self.adapter_admin.poll),
+            hooks=(
+                self.drain.poll,
+                self.core.probe_stores,
+                self.tenancy_sync.poll,
+                self.adapter_admin.poll,
+                *self._sla_hooks(ctx.app_name),
+            ),
         )
         self.monitor.start()
         self.core.start_counter_sync(self.cfg.counter_sync_s)
@@ -122,6 +129,12 @@ class Ingress:
         # Young collections bounded by a clock (by count alone, one walks every stream born since) and
         # full ones when few requests are held (gc_pacer.py).
         self.gc_pacer = GcPacer(held=lambda: self.core.held).start() if pacing_wanted() else None
+
+    def _sla_hooks(self, app: str) -> tuple:
+        """With ``autoscaling.policy: sla``: publish this router's class loads each poll
+        (cluster/serving/sla_publisher.py)."""
+        sla = SlaPublisher(self.core, self.cfg, app, self.router_id, self.generation)
+        return (sla.poll,) if sla.active else ()
 
     async def __del__(self) -> None:
         # Serve awaits this on a graceful stop: a stopped router no longer counts as having applied.

@@ -50,7 +50,10 @@ _NO_AUDIO = "audio is not supported: the served models read and write text only"
 
 # Fields both endpoints share, with the same treatment.
 COMMON: dict[str, FieldTreatment] = {
-    "model": works("the served model's name (`GET /v1/models`); another name is a 404 `model_not_found`"),
+    "model": works(
+        "a served model's name, or a LoRA adapter's the caller is granted (`GET /v1/models`); another "
+        "name is a 404 `model_not_found`"
+    ),
     "stream": works("server-sent events, `data: [DONE]` last"),
     "stream_options": works("see the `stream_options` table"),
     "temperature": works("0-2; 0 is greedy; left out: the checkpoint's `generation_config.json`, else 1"),

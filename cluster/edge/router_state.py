@@ -12,6 +12,7 @@ from typing import Any
 
 from cluster.routing.model_pool import ModelPool
 from cluster.routing.replica_monitor import MonitorLoop, ReplicaMonitor
+from cluster.serving.sla_publisher import LAST_DECISIONS
 
 
 def pool_state(pool: ModelPool, monitor: ReplicaMonitor) -> dict[str, Any]:
@@ -31,6 +32,8 @@ def pool_state(pool: ModelPool, monitor: ReplicaMonitor) -> dict[str, Any]:
         "active_leases": pool.active_leases(),
         "waiters": d.waiters,
         "quota_store_degraded": pool.quotas.degraded,
+        # autoscaling.policy: sla: the policy's last decision, reason, predictions, start times, cost
+        "autoscaling": LAST_DECISIONS.get(pool.deployment),
     }
 
 

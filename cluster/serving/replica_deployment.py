@@ -27,6 +27,8 @@ from typing import Any
 from cluster.serving import replica_board
 from cluster.serving.channel_relay import ChannelRelay
 from cluster.serving.engine_load_policy import ENGINE_REQUESTS
+from cluster.serving.replica_adapters import ReplicaAdapters
+from cluster.serving.sla_replica_stats import measured_start, sla_stats
 from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import ABORTED, GenerateArgs, OutputTally, error_item, merge_items
@@ -51,15 +53,23 @@ class ReplicaServer:
         generation: str | None = None,
         model: str = "",
         direct_dispatch: bool = False,
+        sla_autoscaling: bool = False,
     ) -> None:
         """``generation``: the app deployment's id; with it the replica publishes its load every
         second (``cluster/serving/replica_board.py``). ``model``: the served name, in every load.
         ``direct_dispatch``: routers also send requests on connections of their own
-        (``submit_server.py``); the address and key are published with the load."""
+        (``submit_server.py``); the address and key are published with the load. ``sla_autoscaling``:
+        the SLA policy reads this replica's hook (``sla_replica_stats.py``)."""
         from replica.engine import Engine  # here: torch loads in replica processes, never in routers
 
+        loading = time.monotonic()
         self._engine = Engine(EngineConfig(**engine))
         await self._engine.start()
+        # What a new replica costs before it serves (the SLA policy's start time): load + graph capture,
+        # and from the process's start, which adds Ray's actor start and the imports.
+        self._load_s = time.monotonic() - loading
+        self._start_s = measured_start(self._load_s)
+        self._adapters = ReplicaAdapters(self._engine)
         if synthetic_tokenizer:  # the router encodes with the same one (cluster.text.prompts)
             attach_to_engine(self._engine, word_tokenizer(self._engine.loaded.config.vocab_size))
         self._replica_id = _replica_id()
@@ -75,6 +85,9 @@ class ReplicaServer:
             # Serve looks this hook up on the instance after __init__: only under direct dispatch,
             # whose policy reads it, does a replica push it (Serve's own path stays as it was).
             self.record_autoscaling_stats = self.engine_requests
+        if sla_autoscaling:
+            self.record_autoscaling_stats = self.sla_stats
+        if direct_dispatch:
             import ray
 
             self._submit = SubmitServer(self.generate_channel, self.routing_stats_wire)
@@ -94,12 +107,15 @@ class ReplicaServer:
             return
         started = False
         try:
+            if args.adapter is not None:
+                await self._adapters.ensure(args.adapter, args.adapter_path)
             stream = self._engine.generate(
                 args.prompt_ids,
                 params,
                 request_id=args.request_id,
                 cache_scope=args.cache_scope(),
                 priority=args.priority,
+                adapter=args.adapter,
             )
             held: dict[int, dict[str, Any]] = {}  # per choice, outputs not sent yet
             tally = OutputTally(self._replica_id, params.n)
@@ -134,8 +150,16 @@ class ReplicaServer:
         channel = self._channels.channel(args.reply_to, args.channel_key, args.flush_s)
         relay = ChannelRelay(channel, self._replica_id, params.n)
         try:
+            if args.adapter is not None:
+                await self._adapters.ensure(args.adapter, args.adapter_path)
             request = await self._engine.submit(
-                args.prompt_ids, params, relay, args.request_id, args.cache_scope(), args.priority
+                args.prompt_ids,
+                params,
+                relay,
+                args.request_id,
+                args.cache_scope(),
+                args.priority,
+                args.adapter,
             )
         except InvalidRequestError as exc:
             return error_item("invalid_request", str(exc))
@@ -149,6 +173,10 @@ class ReplicaServer:
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
+
+    async def check_adapter(self, name: str, path: str) -> str | None:
+        """``POST /admin/adapters``' check: None when this replica's engine serves the adapter."""
+        return await self._adapters.check(name, path)
 
     def load(self) -> dict[str, Any]:
         """Running/waiting requests and free KV blocks of this replica's engine."""
@@ -171,7 +199,19 @@ class ReplicaServer:
             "rss_bytes": rss_bytes(),
             "gc": PROCESS_GC.snapshot(),  # the collector's pauses since start (the engine thread waits)
             "engine": self._engine.describe(),  # device, dtype and sizes: the routers' room follows them
+            "start_s": self._start_s,  # process start → serving (the SLA policy's start time)
+            "load_s": self._load_s,  # the engine's part: load + graph capture
         }
+
+    async def sla_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics under the SLA policy (``sla_metrics.py``): the routers'
+        class loads for this deployment, the engine's running + waiting requests, the start time."""
+        import ray.serve
+
+        ctx = ray.serve.get_replica_context()
+        s = self._engine.stats()
+        stats = await sla_stats(ctx.app_name, ctx.deployment, float(s.running + s.waiting), self._start_s)
+        return stats | self.engine_requests()
 
     def engine_requests(self) -> dict[str, float]:
         """Serve's custom autoscaling metric (``engine_load_policy.py``): what the engine holds,
@@ -187,6 +227,7 @@ class ReplicaServer:
         stats = {k: load[k] for k in ("kv_blocks_free", "waiting", "waiting_tokens", "running")}
         stats["reported_at"] = time.time()
         stats["prefix_summary"] = self._prefix_summary()
+        stats["adapters"] = self._adapters.resident()
         return stats
 
     def routing_stats_wire(self) -> dict[str, Any]:

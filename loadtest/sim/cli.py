@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from loadtest.sim.autoscale_day import DaySpec, run_day
+from loadtest.sim.output import _json_default
 from loadtest.sim.runner import find_scenario, run_simulation
 from loadtest.sim.spec import AutoscalingSpec, SimSpec
 
@@ -104,9 +107,33 @@ def _routers(cluster: dict) -> str:
     return "" if n == 1 else f", {n} routers (counters synced every {cluster['counter_sync_s']:g} s)"
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+def _pct(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None else f"{100 * x:{fmt}}%"
 
 
 def _num(x: float | None, fmt: str = ".0f") -> str:
     return "-" if x is None else format(x, fmt)
+
+
+def run_autoscale_cli(spec: DaySpec, out: Path, console: Console) -> dict:
+    """``fairlane simulate-autoscale``: the day of ``autoscale_day.py``, every policy, one JSON."""
+    report = run_day(spec, progress=console.print)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=_json_default))
+    table = Table(title=f"autoscaling a day: {report['requests']} requests, {report['tenants']} tenants, "
+                  f"bound {spec.bound} ({spec.step_model})")  # fmt: skip
+    cols = ("policy", "interactive (within share)", "standard (within share)", "replica-h", "$ / success",
+            "peak", "wall s")  # fmt: skip
+    for c in cols:
+        table.add_column(c, justify="left" if c == "policy" else "right")
+    for name, s in report["policies"].items():
+        table.add_row(
+            name, _pct(s["interactive_within_share"], ".2f"), _pct(s["standard_within_share"], ".2f"),
+            f"{s['replica_hours']:.2f}", f"{s['dollars_per_success']:.7f}", str(s["peak_replicas"]),
+            f"{s['wall_s']:.1f}",
+        )  # fmt: skip
+    console.print(table)
+    c = report["claims"]
+    console.print(f"sla / {c['reference_count_policy']}: {c['replica_hours_ratio']:.2f}× the replica-hours; "
+                  f"target met: {c['target_met']}; results: {out}")  # fmt: skip
+    return report

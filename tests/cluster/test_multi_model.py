@@ -1,5 +1,6 @@
 """Two models in one application: each with its own replicas, fair queue and quotas, and tenants that
-may use some of them (real Ray Serve, the real openai client)."""
+may use some of them; LoRA adapters on one of them, each a tenant's own (real Ray Serve, the real
+openai client)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from ray import serve
 
 from tenancy import DEMO_KEY_SALT, hash_api_key
 from tests.cluster.helpers import ADMIN, ALICE, BOB, admin_state, start_app, wait_until, write_tenancy
+from tests.lora_files import SMOLLM2_135M, write_lora
 
 APP = "fl-multi"
 SMALL, RANDOM = "small", "smol-random"  # SmolLM2; the same shape with random weights and word tokens
 METERED_KEY = "sk-test-metered"  # 2 requests per minute, 3 on RANDOM (a per-model override)
+ADAPTER, LATE = "alice-sql", "alice-late"  # alice's LoRA adapters on SMALL: in the config, and at run time
 
 
 def _tenancy(path: Path) -> Path:
@@ -28,6 +31,8 @@ def _tenancy(path: Path) -> Path:
     for tenant in data["tenants"]:
         if tenant["id"] == "bob":
             tenant["models"] = [SMALL]
+        if tenant["id"] == "alice":
+            tenant["adapters"] = [ADAPTER, LATE]
     metered = {
         "id": "metered",
         "display_name": "metered",
@@ -50,12 +55,18 @@ def _tenancy(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def multi_url(ray_serve: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tenancy = _tenancy(tmp_path_factory.mktemp("multi") / "tenants.yaml")
+    folder = tmp_path_factory.mktemp("multi")
+    tenancy = _tenancy(folder / "tenants.yaml")
+    adapter = write_lora(folder / ADAPTER, **SMOLLM2_135M, seed=1)
     config = {
         "engine": {"device": "cpu", "kv_cache_tokens": 2048, "max_num_seqs": 8},
         "models": [
             # One request in flight on SMALL: a few long requests make a backlog in its queue.
-            {"name": SMALL, "replica_room": 1},
+            {
+                "name": SMALL,
+                "replica_room": 1,
+                "engine": {"lora_slots": 2, "max_lora_rank": 8, "lora_adapters": {ADAPTER: str(adapter)}},
+            },
             {"name": RANDOM, "engine": {"random_weights": True, "synthetic_tokenizer": True}},
         ],
         "tenancy_config": str(tenancy),
@@ -116,7 +127,9 @@ def test_each_model_answers_under_its_own_name(multi_url: str) -> None:
 
 
 def test_models_listed_are_those_the_tenant_may_use(multi_url: str) -> None:
-    assert [m.id for m in _client(multi_url, ALICE).models.list().data] == [SMALL, RANDOM]
+    listed = _client(multi_url, ALICE).models.list().data
+    assert [m.id for m in listed] == [SMALL, RANDOM, ADAPTER]
+    assert listed[2].model_dump()["parent"] == SMALL  # an adapter names its base model
     bob = _client(multi_url, BOB)
     assert [m.id for m in bob.models.list().data] == [SMALL]
     assert bob.models.retrieve(SMALL).id == SMALL
@@ -198,3 +211,58 @@ def test_per_pool_metrics_carry_the_model(multi_url: str) -> None:
         assert f'model="{model}",replica="' in metrics  # the replica gauges
     health = httpx.get(f"{multi_url}/health", timeout=10).json()
     assert health["status"] == "ok" and health["models"] == {SMALL: 1, RANDOM: 1}
+
+
+def _greedy(base: str, key: str, model: str) -> httpx.Response:
+    return _post(base, key, model, prompt="The capital of France is", max_tokens=8, temperature=0)
+
+
+def test_an_adapter_answers_under_its_own_name_with_its_own_weights(multi_url: str) -> None:
+    base, tuned = _greedy(multi_url, ALICE, SMALL), _greedy(multi_url, ALICE, ADAPTER)
+    assert base.status_code == tuned.status_code == 200, tuned.text
+    assert tuned.json()["model"] == ADAPTER
+    assert tuned.json()["choices"][0]["text"] != base.json()["choices"][0]["text"]
+    again = _greedy(multi_url, ALICE, ADAPTER).json()["choices"][0]["text"]
+    assert again == tuned.json()["choices"][0]["text"]  # not the base's prefix-cached blocks either
+    # The base model, asked again beside the adapter, answers as before.
+    assert _greedy(multi_url, ALICE, SMALL).json()["choices"][0]["text"] == base.json()["choices"][0]["text"]
+    records = httpx.get(f"{multi_url}/admin/timings", headers=ADMIN, timeout=30).json()["records"]
+    mine = [r for r in records if r["request_id"] == tuned.json()["id"].removeprefix("cmpl-")]
+    assert [(r["model"], r["adapter"]) for r in mine] == [(SMALL, ADAPTER)]
+
+
+def test_another_tenants_adapter_is_a_404_like_an_unknown_model(multi_url: str) -> None:
+    assert ADAPTER not in [m.id for m in _client(multi_url, BOB).models.list().data]
+    theirs, unknown = _post(multi_url, BOB, ADAPTER), _post(multi_url, BOB, "gpt-9")
+    assert theirs.status_code == unknown.status_code == 404
+    assert theirs.json()["error"]["message"].replace(ADAPTER, "gpt-9") == unknown.json()["error"]["message"]
+
+
+def test_an_adapter_registered_at_run_time_is_served_then_removed(
+    multi_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path_factory.mktemp("late")
+    path = write_lora(folder / LATE, **SMOLLM2_135M, rank=4, modules=("q_proj", "v_proj"), seed=2)
+    url = f"{multi_url}/admin/adapters"
+    assert _post(multi_url, ALICE, LATE).status_code == 404  # not registered yet
+    bad = httpx.post(url, json={"name": LATE, "model": SMALL, "path": str(folder / "none")}, headers=ADMIN)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_adapter", bad.text
+    clash = httpx.post(url, json={"name": RANDOM, "model": SMALL, "path": str(path)}, headers=ADMIN)
+    assert clash.status_code == 400 and clash.json()["error"]["code"] == "adapter_conflict"
+    tenant_key = {"Authorization": f"Bearer {ALICE}"}
+    assert (
+        httpx.post(
+            url, json={"name": LATE, "model": SMALL, "path": str(path)}, headers=tenant_key
+        ).status_code
+        == 403
+    )
+    made = httpx.post(url, json={"name": LATE, "model": SMALL, "path": str(path)}, headers=ADMIN, timeout=60)
+    assert made.status_code == 201, made.text
+    listed = httpx.get(url, headers=ADMIN).json()["adapters"]
+    assert {(a["name"], a["source"]) for a in listed} == {(ADAPTER, "config"), (LATE, "admin")}
+    late = _greedy(multi_url, ALICE, LATE)
+    assert late.status_code == 200, late.text
+    assert late.json()["choices"][0]["text"] != _greedy(multi_url, ALICE, SMALL).json()["choices"][0]["text"]
+    assert httpx.delete(f"{url}/{LATE}", headers=ADMIN).status_code == 200
+    assert _post(multi_url, ALICE, LATE).status_code == 404
+    assert httpx.delete(f"{url}/{ADAPTER}", headers=ADMIN).status_code == 400  # the config's own

@@ -1,0 +1,144 @@
+"""The SLA autoscaling policy's core (cluster/serving/sla_*.py): pure functions, no Ray.
+
+The shape is the simulator's 8B-on-H200 step model at a batch of 32: a request of 300 prompt and
+150 answer tokens costs 0.045 replica-seconds, so a replica serves about 22 of them a second.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.serving.sla_capacity import shape_of
+from cluster.serving.sla_policy import DelayGate, SlaPolicyConfig, bound, decide
+from cluster.serving.sla_predict import predict
+from cluster.serving.sla_share import TenantLoad, class_loads, within_fraction
+from cluster.serving.sla_signals import ClassLoad, PoolState, Work
+
+SHAPE = shape_of("h200-llama-3.1-8b", 32)
+PER_REPLICA = 1 / SHAPE.request_s(300, 150)  # requests per second one replica serves
+
+
+def work(rate: float = 0.0, waiting: float = 0.0, slope: float = 0.0) -> Work:
+    return Work(waiting, 300 * waiting, 150 * waiting, rate, slope, 300, 150)
+
+
+def interactive(within: Work | None = None, over: Work | None = None) -> ClassLoad:
+    return ClassLoad("interactive", 0, 1.0, 0.1, 0.99, within or Work(), over or Work())
+
+
+def batch(within: Work | None = None, over: Work | None = None) -> ClassLoad:
+    return ClassLoad("batch", 2, 60.0, 1.0, 0.99, within or Work(), over or Work())
+
+
+def pool(ready: int, start_s: float = 60.0, starting: int = 0) -> PoolState:
+    return PoolState(ready=ready, starting=starting, start_time_s=start_s)
+
+
+CFG = SlaPolicyConfig(min_replicas=1, max_replicas=8)
+
+
+def test_a_rising_interactive_rate_scales_up_while_the_current_count_still_meets_its_target() -> None:
+    rising = interactive(work(rate=0.8 * 2 * PER_REPLICA, slope=0.2))  # 80% of 2 replicas, +0.2 req/s²
+    now = predict([rising], pool(2), SHAPE, 2, horizon_s=1.0)
+    assert now.attainment["interactive"] == 1.0  # nothing misses over the next second...
+    d = decide([rising], pool(2), SHAPE, CFG)
+    assert d.desired == 3 and d.reason.startswith("up")  # ...but it would before a new replica started
+    assert d.predictions[0].attainment["interactive"] < 0.99
+
+
+def test_the_start_time_is_counted() -> None:
+    rising = [interactive(work(rate=0.8 * 2 * PER_REPLICA, slope=0.2))]
+    quick, slow = decide(rising, pool(2, start_s=5.0), SHAPE, CFG), decide(rising, pool(2), SHAPE, CFG)
+    assert (
+        quick.desired == 2 and slow.desired == 3
+    )  # a 5-s start still serves in time; a 60-s one must go now
+    # a replica still starting counts from when it serves
+    started = decide(
+        rising, PoolState(ready=2, starting=1, starting_left_s=10.0, start_time_s=60.0), SHAPE, CFG
+    )
+    assert started.desired == 3 and started.reason.startswith("hold")
+
+
+def test_an_over_share_backlog_alone_never_scales_up() -> None:
+    flood = batch(over=work(rate=5 * PER_REPLICA, waiting=20_000))
+    d = decide([flood, interactive(work(rate=1.0))], pool(1), SHAPE, CFG)
+    assert d.desired == 1 and d.reason.startswith("hold")
+    asked = SlaPolicyConfig(min_replicas=1, max_replicas=8, scale_for_over_share=True)
+    assert decide([flood, interactive(work(rate=1.0))], pool(1), SHAPE, asked).desired > 1
+
+
+def test_within_share_batch_work_that_keeps_its_60_s_target_does_not_scale_up() -> None:
+    patient = batch(work(rate=0.5 * PER_REPLICA, waiting=200))  # 9 s of work, 60-s target
+    assert decide([patient], pool(1), SHAPE, CFG).desired == 1
+
+
+def test_scale_down_only_while_every_class_keeps_its_target_with_one_fewer() -> None:
+    light = [interactive(work(rate=1.5 * PER_REPLICA)), batch(work(rate=0.5 * PER_REPLICA))]
+    d = decide(light, pool(4), SHAPE, CFG)
+    # with the 20% headroom, 2 replicas would carry interactive's 1.8 replicas of work but leave
+    # batch 0.2 for its 0.6: its queue would outgrow its 60-s target within the horizon
+    assert d.desired == 3 and d.reason.startswith("down")
+    assert [p.replicas for p in d.predictions] == [4, 3, 2]
+    falling = [interactive(work(rate=1.5 * PER_REPLICA, slope=-0.5))]  # a falling trend is not counted on
+    assert decide(falling, pool(4), SHAPE, CFG).desired == 2
+    near = [interactive(work(rate=2.5 * PER_REPLICA)), batch(work(rate=0.4 * PER_REPLICA))]
+    d = decide(near, pool(3), SHAPE, CFG)
+    assert d.desired == 3 and "interactive" in d.reason  # 2 replicas would not carry 2.9 replicas' work
+    assert decide([interactive()], pool(1), SHAPE, CFG).desired == 1  # never below min_replicas
+
+
+def test_bounds_and_the_cost_ceiling() -> None:
+    surge = [interactive(work(rate=40 * PER_REPLICA, waiting=100))]
+    assert decide(surge, pool(2), SHAPE, CFG).desired == 8  # max_replicas
+    priced = SlaPolicyConfig(1, 8, max_gpu_dollars_per_hour=16.0, gpu_dollars_per_hour=5.0)
+    assert bound(priced) == 3
+    d = decide(surge, pool(2), SHAPE, priced)
+    assert d.desired == 3 and d.bound == 3
+    over = decide([interactive()], pool(5), SHAPE, priced)  # above the ceiling: back to it
+    assert over.desired == 3 and "bound" in over.reason
+    assert bound(SlaPolicyConfig(2, 8, max_gpu_dollars_per_hour=1.0)) == 2  # never below min
+
+
+def test_misses_that_no_new_replica_can_reach_do_not_scale_up() -> None:
+    # 500 requests wait now (a second of 8 replicas' work): some miss whatever is asked for, and the
+    # arrivals after a start are served in time at the current count
+    backlog = [interactive(work(rate=0.5 * PER_REPLICA, waiting=500))]
+    d = decide(backlog, pool(2), SHAPE, CFG)
+    assert d.predictions[0].attainment["interactive"] < 0.99
+    assert d.desired == 2 and "before a replica" in d.reason
+
+
+def test_the_delay_gate_applies_a_change_once_asked_for_that_long() -> None:
+    gate = DelayGate(upscale_delay_s=10.0, downscale_delay_s=30.0)
+    assert gate.apply(3, 2, now=0.0) == 2
+    assert gate.apply(3, 2, now=9.0) == 2
+    assert gate.apply(3, 2, now=10.0) == 3
+    assert gate.apply(1, 3, now=11.0) == 3
+    assert gate.apply(3, 3, now=20.0) == 3  # a hold restarts the wait
+    assert gate.apply(2, 3, now=25.0) == 3 and gate.apply(2, 3, now=55.0) == 2
+
+
+def test_within_share_is_max_min_by_weight_at_the_bound() -> None:
+    a = TenantLoad("a", "interactive", 1.0, demand=10.0)
+    b = TenantLoad("b", "batch", 1.0, demand=100.0)
+    assert within_fraction([a, b], capacity=200.0) == {"a": 1.0, "b": 1.0}
+    assert within_fraction([a, b], capacity=50.0) == {"a": 1.0, "b": pytest.approx(0.4)}
+    alone = within_fraction([b], capacity=50.0)
+    assert alone["b"] == pytest.approx(0.5)  # a lone tenant may use the whole bound, no more
+
+
+def test_class_loads_split_waiting_work_and_rates_by_share() -> None:
+    flood = TenantLoad("b", "batch", 1.0, 100.0, 4.0, 0.0, 300, 150, 40, 12000, 6000)
+    quiet = TenantLoad("a", "interactive", 1.0, 10.0, 1.0, 0.0, 300, 150, 2, 600, 300)
+    loads = class_loads([flood, quiet], 50.0, [interactive(), batch()], {"interactive": (0.2, 0.01)})
+    inter, bat = loads
+    assert inter.within.waiting_requests == 2 and inter.over.waiting_requests == 0
+    assert inter.measured_ttft_s == 0.2
+    assert bat.within.waiting_requests == pytest.approx(16) and bat.over.waiting_requests == pytest.approx(24)
+    assert bat.within.rate_rps == pytest.approx(1.6) and bat.within.mean_prompt_tokens == 300
+
+
+def test_a_tpot_over_the_target_misses_the_class() -> None:
+    tight = ClassLoad("interactive", 0, 1.0, 0.004, 0.99, work(rate=1.0))  # 4 ms: below the 4.9 ms step
+    p = predict([tight], pool(2), SHAPE, 2, horizon_s=30.0)
+    assert p.attainment["interactive"] == 0.0 and p.tpot_s > 0.004
