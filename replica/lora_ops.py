@@ -9,8 +9,11 @@ turns them off with LoRA on, see model_runner.) Which slot each row uses comes f
 buffers through `LoraBatch`, bound before each forward (graph bodies included), so a captured graph
 reads whatever mix the step holds.
 
-On CUDA the delta is two Triton kernels per module (replica/lora_triton.py); elsewhere, and as the
-tests' reference, `lora_reference`: per slot present, a gather of its rows and two matmuls.
+On CUDA the delta is two Triton kernels per module (replica/lora_triton.py): the shrink reads only
+the projection's input, so it runs on a side stream beside the base projection (in graphs too: a
+fork and a join), and only the expand, which adds into the base output, follows it on the step's
+stream. Elsewhere, and as the tests' reference, `lora_reference`: per slot present, a gather of its
+rows and two matmuls.
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ class LoraBatch:
         self.order: torch.Tensor | None = None  # see replica/lora_step.py
         self.tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.num_tiles = 0  # the kernels' grid: every tile the step's size can need
+        self._side: torch.cuda.Stream | None = None  # the shrinks' stream, made on first CUDA use
+
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(device)
+        return self._side
 
     def bind(self, dev: dict[str, torch.Tensor], tokens: int) -> None:
         self.slot = dev["lora_slot"][:tokens]
@@ -60,8 +69,27 @@ class LoraLinear(nn.Module):
         return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_cuda or self.batch.slot is None:
+            out = self.base(x)
+            add_lora(out, x, self.lora_a, self.lora_b, self.bounds, self.batch)
+            return out
+        return self._overlapped(x)
+
+    def _overlapped(self, x: torch.Tensor) -> torch.Tensor:
+        """The base projection on the step's stream while the shrink runs on the side stream; the
+        expand once both are done. The partials are allocated on the step's stream, which uses and
+        frees them after the join, so the allocator never hands them to another stream early."""
+        from replica.lora_triton import lora_expand, lora_shrink, shrink_buffer
+
+        batch, main = self.batch, torch.cuda.current_stream(x.device)
+        partials = shrink_buffer(x, self.lora_a)
+        side = batch.side_stream(x.device)
+        side.wait_stream(main)  # x is written
+        with torch.cuda.stream(side):
+            lora_shrink(partials, x, self.lora_a, batch.order, batch.tiles, batch.num_tiles)
         out = self.base(x)
-        add_lora(out, x, self.lora_a, self.lora_b, self.bounds, self.batch)
+        main.wait_stream(side)
+        lora_expand(out, partials, self.lora_b, self.bounds, batch.order, batch.tiles, batch.num_tiles)
         return out
 
 

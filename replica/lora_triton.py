@@ -29,22 +29,27 @@ try:
 except ImportError:  # the CPU image: the torch reference runs instead
     triton = None
 
-BLOCK_K = 64
-MAX_SPLITS = 16
+# The shrink's K-slices: CHUNK_K columns each (at most MAX_SPLITS slices), in BLOCK_K steps. Few
+# slices keep the expand's sum of partials short: the expand is on the step's critical path, the
+# shrink runs beside the base projection (replica/lora_ops.py). Measured on the H200: 64- to
+# 512-column steps cost the same (docs/bench/h200_lora_kernels_blockk_dec04.json).
+BLOCK_K = 128
+CHUNK_K = 512
+MAX_SPLITS = 8
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(4, (n - 1).bit_length())
 
 
-def column_block(bounds: tuple[int, ...]) -> int:
-    """The widest power-of-two column block (16 to 128) that divides every inner part boundary, so
-    that a block lies in one part (the output's end is masked)."""
+def column_block(bounds: tuple[int, ...], widest: int = 128) -> int:
+    """The widest power-of-two column block (16 to `widest`) that divides every inner part boundary,
+    so that a block lies in one part (the output's end is masked)."""
     inner = bounds[1:-1]
     if not inner:
-        return 128
+        return widest
     width = math.gcd(*inner)
-    block = 128
+    block = widest
     while block >= 16 and width % block:
         block //= 2
     if block < 16:
@@ -54,38 +59,62 @@ def column_block(bounds: tuple[int, ...]) -> int:
     return block
 
 
-def splits_for(k: int) -> int:
-    """K-slices of the shrink: about 512 columns each, at most MAX_SPLITS."""
-    return max(1, min(MAX_SPLITS, k // 512))
+def splits_for(k: int, chunk: int = CHUNK_K) -> int:
+    """K-slices of the shrink: about `chunk` columns each, at most MAX_SPLITS. A program's loop over
+    its slice waits a memory round trip per BLOCK_K step (the loop is not pipelined inside the walk
+    over tiles), so short slices in few wide steps keep it latency-light."""
+    return max(1, min(MAX_SPLITS, -(-k // chunk)))
 
 
-def lora_shrink_expand(out, x, a, b, bounds, order, tiles, num_tiles: int) -> None:
+def lora_shrink_expand(
+    out, x, a, b, bounds, order, tiles, num_tiles: int, block_k: int = BLOCK_K, chunk: int = CHUNK_K
+) -> None:
     """out += the batched LoRA delta (see the module docstring), in place."""
+    partials = shrink_buffer(x, a, chunk)
+    lora_shrink(partials, x, a, order, tiles, num_tiles, block_k)
+    lora_expand(out, partials, b, bounds, order, tiles, num_tiles)
+
+
+def shrink_buffer(x: torch.Tensor, a: torch.Tensor, chunk: int = CHUNK_K) -> torch.Tensor:
+    """The shrink's float32 partials [splits, tokens, parts · R] (allocate it on the stream that
+    expands: the shrink may run on another, see replica/lora_ops.py)."""
+    return torch.empty(
+        splits_for(x.shape[1], chunk), x.shape[0], a.shape[1], dtype=torch.float32, device=x.device
+    )
+
+
+def lora_shrink(partials, x, a, order, tiles, num_tiles: int, block_k: int = BLOCK_K) -> None:
+    """partials[split, p] = x[order[p]] · A[slot]ᵀ over the split's K-slice, for every tile row p."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    tokens, k = x.shape
-    nr, rank = a.shape[1], b.shape[2]
-    splits = splits_for(k)
+    k, nr = x.shape[1], a.shape[1]
+    splits = partials.shape[0]
     k_chunk = -(-k // splits)
-    k_chunk = -(-k_chunk // BLOCK_K) * BLOCK_K  # whole BLOCK_K steps; the last slice is masked at K
-    partials = torch.empty(splits, tokens, nr, dtype=torch.float32, device=x.device)
+    k_chunk = -(-k_chunk // block_k) * block_k  # whole block_k steps; the last slice is masked at K
     tile_slot, tile_start, tile_count = tiles
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    groups = min(num_tiles, 32)
-    _shrink_kernel[(groups, splits)](
+    _shrink_kernel[(min(num_tiles, 32), splits)](
         x, x.stride(0), a, a.stride(0), a.stride(1), order, tile_slot, tile_start, tile_count, num_tiles,
         partials, partials.stride(0), partials.stride(1), k, nr, k_chunk,
-        BLOCK_M=TILE_ROWS, BLOCK_N=_next_pow2(nr), BLOCK_K=BLOCK_K, PRECISION=precision,
+        BLOCK_M=TILE_ROWS, BLOCK_N=_next_pow2(nr), BLOCK_K=block_k, PRECISION=_precision(x),
     )  # fmt: skip
-    n_out = out.shape[1]
+
+
+def lora_expand(out, partials, b, bounds, order, tiles, num_tiles: int) -> None:
+    """out[order[p], cols] += (Σ_split partials[split, p, part]) · B[slot, cols]ᵀ, in place."""
+    n_out, rank = out.shape[1], b.shape[2]
     block_n = column_block(bounds)
     inner = [*bounds[1:-1], n_out, n_out][:2]  # part boundaries after the first (past the end: none)
-    groups = min(num_tiles, 8)
-    _expand_kernel[(groups, -(-n_out // block_n))](
+    tile_slot, tile_start, tile_count = tiles
+    _expand_kernel[(min(num_tiles, 8), -(-n_out // block_n))](
         partials, partials.stride(0), partials.stride(1), b, b.stride(0), b.stride(1), out, out.stride(0),
         order, tile_slot, tile_start, tile_count, num_tiles, inner[0], inner[1], n_out, rank,
-        SPLITS=splits, BLOCK_M=TILE_ROWS, BLOCK_N=block_n, BLOCK_R=_next_pow2(rank), PRECISION=precision,
+        SPLITS=partials.shape[0], BLOCK_M=TILE_ROWS, BLOCK_N=block_n, BLOCK_R=_next_pow2(rank),
+        PRECISION=_precision(out),
     )  # fmt: skip
+
+
+def _precision(t: torch.Tensor) -> str:
+    return "ieee" if t.dtype == torch.float32 else "tf32"
 
 
 if triton is not None:

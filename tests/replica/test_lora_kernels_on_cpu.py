@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from replica.lora_ops import lora_reference
 from replica.lora_step import fill_lora, max_tiles
+from functools import partial
 from replica.lora_triton import lora_shrink_expand
 
 g = torch.Generator().manual_seed(3)
@@ -40,13 +41,15 @@ x = torch.randn(tokens, k, generator=g)
 base = torch.randn(tokens, bounds[-1], generator=g)
 ref = base.clone()
 lora_reference(ref, x, a, b, bounds, torch.from_numpy(arrays["lora_slot"]))
-out = base.clone()
 tiles = tuple(torch.from_numpy(arrays[f"lora_tile_{n}"]) for n in ("slot", "start", "count"))
-lora_shrink_expand(out, x, a, b, bounds, torch.from_numpy(arrays["lora_order"]), tiles, tiles_n)
 none = torch.tensor(rows) < 0
-assert torch.equal(out[none], base[none]), "rows without an adapter were touched"
-err = (out - ref).abs().max().item()
-assert err < 1e-4, err
+wide = partial(lora_shrink_expand, block_k=32, chunk=32)  # several K-slices, one step each
+for kernel in (lora_shrink_expand, wide):
+    out = base.clone()
+    kernel(out, x, a, b, bounds, torch.from_numpy(arrays["lora_order"]), tiles, tiles_n)
+    assert torch.equal(out[none], base[none]), "rows without an adapter were touched"
+    err = (out - ref).abs().max().item()
+    assert err < 1e-4, err
 print("ok", err)
 """
 
