@@ -1,5 +1,5 @@
-"""The LoRA delta's kernels alone, at the 8B shape: the shrink's K-slices in 64-column steps of 512
-(as before) against 256- and 512-column steps of 512, beside the base projections they add to.
+"""The LoRA delta's kernels alone, at the 8B shape: the expand's programs per column block (8, 32, 64:
+each walks the step's tiles that far apart), beside the base projections the delta adds to.
 
     python -m bench.lora_kernels --out $OUT/lora_kernels.json
 
@@ -32,11 +32,7 @@ MODULES = {  # name: (in, output part bounds)
     "gate_up": (HIDDEN, (0, INTER, 2 * INTER)),
     "down": (INTER, (0, HIDDEN)),
 }
-PATHS = {
-    "k64": partial(lora_shrink_expand, block_k=64, chunk=512),
-    "k256": partial(lora_shrink_expand, block_k=256, chunk=512),
-    "k512": partial(lora_shrink_expand, block_k=512, chunk=512),
-}
+PATHS = {f"g{n}": partial(lora_shrink_expand, expand_groups=n) for n in (8, 32, 64)}
 
 
 def _graph_ms(body, replays: int = 20) -> float:

@@ -36,6 +36,8 @@ except ImportError:  # the CPU image: the torch reference runs instead
 BLOCK_K = 128
 CHUNK_K = 512
 MAX_SPLITS = 8
+EXPAND_GROUPS = 32  # the expand's programs per column block, each walking the tiles this far apart: 8 made
+# each walk 4 tiles deep with 32 adapters in a step (docs/bench/h200_lora_kernels_groups_dec04.json)
 
 
 def _next_pow2(n: int) -> int:
@@ -67,12 +69,13 @@ def splits_for(k: int, chunk: int = CHUNK_K) -> int:
 
 
 def lora_shrink_expand(
-    out, x, a, b, bounds, order, tiles, num_tiles: int, block_k: int = BLOCK_K, chunk: int = CHUNK_K
-) -> None:
+    out, x, a, b, bounds, order, tiles, num_tiles: int, block_k: int = BLOCK_K, chunk: int = CHUNK_K,
+    expand_groups: int = EXPAND_GROUPS,
+) -> None:  # fmt: skip
     """out += the batched LoRA delta (see the module docstring), in place."""
     partials = shrink_buffer(x, a, chunk)
     lora_shrink(partials, x, a, order, tiles, num_tiles, block_k)
-    lora_expand(out, partials, b, bounds, order, tiles, num_tiles)
+    lora_expand(out, partials, b, bounds, order, tiles, num_tiles, expand_groups)
 
 
 def shrink_buffer(x: torch.Tensor, a: torch.Tensor, chunk: int = CHUNK_K) -> torch.Tensor:
@@ -99,13 +102,13 @@ def lora_shrink(partials, x, a, order, tiles, num_tiles: int, block_k: int = BLO
     )  # fmt: skip
 
 
-def lora_expand(out, partials, b, bounds, order, tiles, num_tiles: int) -> None:
+def lora_expand(out, partials, b, bounds, order, tiles, num_tiles: int, groups: int = EXPAND_GROUPS) -> None:
     """out[order[p], cols] += (Σ_split partials[split, p, part]) · B[slot, cols]ᵀ, in place."""
     n_out, rank = out.shape[1], b.shape[2]
     block_n = column_block(bounds)
     inner = [*bounds[1:-1], n_out, n_out][:2]  # part boundaries after the first (past the end: none)
     tile_slot, tile_start, tile_count = tiles
-    _expand_kernel[(min(num_tiles, 8), -(-n_out // block_n))](
+    _expand_kernel[(min(num_tiles, groups), -(-n_out // block_n))](
         partials, partials.stride(0), partials.stride(1), b, b.stride(0), b.stride(1), out, out.stride(0),
         order, tile_slot, tile_start, tile_count, num_tiles, inner[0], inner[1], n_out, rank,
         SPLITS=partials.shape[0], BLOCK_M=TILE_ROWS, BLOCK_N=block_n, BLOCK_R=_next_pow2(rank),
