@@ -2,7 +2,8 @@
 
 import pytest
 
-pytest_plugins = ["tests.redis_server"]
+# tests/xdist_groups.py: which worker runs what under `-n 2 --dist loadgroup`.
+pytest_plugins = ["tests.redis_server", "tests.xdist_groups"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -65,6 +65,7 @@ def reference(model_dir: Path, messages: list[dict]) -> str:
     return tok.decode([t for t in ids if t not in eos])
 
 
+@pytest.mark.slow
 def test_every_architecture_answers_chat_as_transformers(app_url: str, checkpoints: dict[str, Path]) -> None:
     client = openai.OpenAI(base_url=f"{app_url}/v1", api_key=ALICE, max_retries=0, timeout=300)
     assert sorted(m.id for m in client.models.list().data) == sorted(checkpoints)

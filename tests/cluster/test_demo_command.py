@@ -51,6 +51,7 @@ def _run_demo(tmp_path: Path) -> tuple[int, str, dict]:
     return proc.returncode, output, body
 
 
+@pytest.mark.slow
 @pytest.mark.own_ray  # before the session's shared Ray starts: one Ray on the box at a time
 def test_demo_compares_the_policies_quietly(tmp_path: Path) -> None:
     rc, output, body = _run_demo(tmp_path)

@@ -83,6 +83,7 @@ def _ask(client: openai.OpenAI, stream: bool, streaming: threading.Semaphore | N
         return f"error {type(exc).__name__}"
 
 
+@pytest.mark.slow
 @pytest.mark.own_ray  # before the session's shared Ray starts: one Ray on the box at a time
 def test_haproxy_fronts_the_routers_and_outlives_one(served: tuple[subprocess.Popen[bytes], Path]) -> None:
     proc, log = served

@@ -164,6 +164,7 @@ def test_quotas_are_counted_per_model(multi_url: str) -> None:
     assert refused.status_code == 429 and refused.headers["x-ratelimit-limit-requests"] == "3"
 
 
+@pytest.mark.slow
 def test_one_models_backlog_takes_nothing_from_the_other(multi_url: str) -> None:
     """SMALL's queue fills (room 1, five long answers); RANDOM's request is dispatched at once."""
     httpx.post(f"{multi_url}/admin/timings/reset", headers=ADMIN, timeout=10)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 from pydantic import BaseModel, Field
 
 from cluster.text.prompts import tokenizer_dir
@@ -59,6 +60,7 @@ def _guidellm(base_url: str, out: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_guidellm_benchmark_has_no_errors_and_agrees_with_the_sla_report(base_url: str, tmp_path: Path):
     before, old = _tenant_report(base_url, "carol")
     out = tmp_path / "benchmarks.json"

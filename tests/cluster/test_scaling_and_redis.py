@@ -107,10 +107,12 @@ def _running(app: str, deployment_name: str = "Replica") -> int:
     return deployment.replica_states.get("RUNNING", 0)
 
 
+@pytest.mark.slow
 def test_replicas_scale_up_under_load_and_down_after(scale_app: str) -> None:
     _scale_up_and_down(SCALE_APP, scale_app)
 
 
+@pytest.mark.slow
 def test_replicas_scale_under_direct_dispatch_on_their_engines_counts(scale_direct_app: str) -> None:
     _scale_up_and_down(SCALE_DIRECT_APP, scale_direct_app)
     state = httpx.get(f"{scale_direct_app}/admin/state", headers=ADMIN, timeout=10).json()
@@ -163,6 +165,7 @@ def routers_app(ray_serve: int, app_config: dict, redis_url: str, redis_prefix: 
     serve.delete(ROUTERS_APP)
 
 
+@pytest.mark.slow
 def test_routers_scale_up_on_their_own_load_and_down_after(routers_app: str) -> None:
     assert _running(ROUTERS_APP, "Router") == 1
     stop = threading.Event()

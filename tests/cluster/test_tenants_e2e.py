@@ -8,6 +8,7 @@ import time
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
@@ -135,6 +136,7 @@ def _mean_wait(before: tuple[float, float], after: tuple[float, float]) -> tuple
     return (after[0] - before[0]) / max(count, 1), count
 
 
+@pytest.mark.slow
 def test_noisy_tenant_backlog_does_not_delay_the_quiet_tenant(base_url: str) -> None:
     """carol floods (a backlog builds in the fair queue); alice's requests skip it.
 
@@ -185,6 +187,7 @@ def _long_stream(base_url: str, key: str, name: str, ends: dict[str, float], sta
     ends[name] = time.monotonic()
 
 
+@pytest.mark.slow
 def test_an_interactive_request_is_sent_past_a_room_full_of_lower_tiers(base_url: str) -> None:
     """bob (standard) and carol (batch) hold the whole room (2) with long answers; alice's request
     (interactive) is sent past it, and her answer ends while both long ones still run. Before

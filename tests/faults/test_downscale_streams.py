@@ -121,6 +121,7 @@ def _replica_of(base: str) -> dict[str, str]:
     return {r["request_id"]: r["replica_id"] for r in records}
 
 
+@pytest.mark.slow
 def test_downscale_lets_the_stopped_replica_finish_its_streams(downscale_url: str) -> None:
     assert _replica_states().get("RUNNING") == 2
     results = [StreamResult() for _ in range(STREAMS)]

@@ -118,6 +118,7 @@ def _refused(url: str, endings: Counter[str]) -> bool:
     return refused
 
 
+@pytest.mark.slow
 @pytest.mark.own_ray
 def test_sigterm_drains_then_exits_zero(served: tuple[subprocess.Popen[bytes], str, Path]) -> None:
     proc, url, log = served

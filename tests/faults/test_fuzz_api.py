@@ -37,6 +37,7 @@ def _openai_error(resp: requests.Response) -> None:
     assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str), body
 
 
+@pytest.mark.slow
 def test_fuzzed_routes_give_no_5xx_and_conform_to_the_schema(fault_url: str) -> None:
     schema = schemathesis.openapi.from_url(f"{fault_url}/openapi.json")
     operations = [op.ok() for op in schema.get_all_operations()]

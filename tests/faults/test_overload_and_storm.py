@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from ray import serve
 
 from cluster.ops.chaos_client import ClientRecord, tally
@@ -35,6 +36,7 @@ def _loads_by_replica() -> dict[str, dict]:
     return seen
 
 
+@pytest.mark.slow
 def test_overload_at_5x_rejects_fast_bounds_queues_and_keeps_memory_flat(fault_url: str) -> None:
     # At least twice the total queue bound per phase: the queues overflow however slow the box is.
     drill = overload(target(fault_url), factor=5.0, phase_s=6.0, max_tokens=8, min_per_phase=2 * QUEUE_TOTAL)

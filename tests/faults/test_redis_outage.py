@@ -42,6 +42,7 @@ def outage_app(fault_port: int, fault_config: dict) -> Iterator[tuple[str, Redis
         redis.kill()
 
 
+@pytest.mark.slow
 def test_redis_outage_degrades_then_reconnects_within_quota(outage_app) -> None:
     url, redis = outage_app
 

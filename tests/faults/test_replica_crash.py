@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from cluster.ops.chaos_drills import replica_crash
 from cluster.ops.chaos_ray import ReplicaKiller
 from tests.faults.fault_helpers import FAULT_APP, assert_accounted, target
 
 
+@pytest.mark.slow
 def test_replica_crash_mid_stream_is_survived(fault_url: str) -> None:
     killer = ReplicaKiller(FAULT_APP)
     report = asyncio.run(

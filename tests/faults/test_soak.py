@@ -33,6 +33,7 @@ def soak_app(fault_port: int, fault_config: dict) -> Iterator[tuple[str, RedisPr
         redis.kill()
 
 
+@pytest.mark.slow
 def test_short_soak_loses_nothing_and_leaks_nothing(soak_app) -> None:
     url, redis = soak_app
     killer = ReplicaKiller(SOAK_APP)
