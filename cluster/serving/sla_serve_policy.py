@@ -37,6 +37,9 @@ class SlaServePolicy:
         self._shape: ReplicaShape | None = None
         self._at = -1e18
         self._desired: int | None = None
+        # The last decision that changed the count: a scale-up's own reason outlives the holds that
+        # follow it (a decision every interval), so /admin/state can say why the count last moved.
+        self._last_change: dict[str, Any] | None = None
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         if ctx.current_num_replicas == 0:  # Serve's cold start path decides
@@ -57,7 +60,10 @@ class SlaServePolicy:
             getattr(r, "unique_id", str(r)): v
             for r, v in (ctx.aggregated_metrics or {}).get(START_S, {}).items()
         }
-        self._publish(ctx, decision.as_dict() | {"replica_start_s": starts, "decided_at": now})
+        made = decision.as_dict() | {"decided_at": now}
+        if decision.desired != decision.current:
+            self._last_change = {k: made[k] for k in ("desired", "current", "reason", "decided_at")}
+        self._publish(ctx, made | {"replica_start_s": starts, "last_change": self._last_change})
         return decision.desired, {}
 
     def _pool(self, ctx: Any, figures: dict[str, float], now: float) -> PoolState:
