@@ -24,6 +24,7 @@ from torch import nn
 from replica.lora_layout import FUSED
 from replica.lora_slots import LoraSlots
 from replica.lora_step import max_tiles
+from replica.lora_triton import lora_expand, lora_shrink, lora_shrink_expand, shrink_buffer
 
 
 class LoraBatch:
@@ -79,8 +80,6 @@ class LoraLinear(nn.Module):
         """The base projection on the step's stream while the shrink runs on the side stream; the
         expand once both are done. The partials are allocated on the step's stream, which uses and
         frees them after the join, so the allocator never hands them to another stream early."""
-        from replica.lora_triton import lora_expand, lora_shrink, shrink_buffer
-
         batch, main = self.batch, torch.cuda.current_stream(x.device)
         partials = shrink_buffer(x, self.lora_a)
         side = batch.side_stream(x.device)
@@ -112,8 +111,6 @@ def add_lora(
     if batch.slot is None:
         return
     if out.is_cuda:
-        from replica.lora_triton import lora_shrink_expand
-
         lora_shrink_expand(out, x, a, b, bounds, batch.order, batch.tiles, batch.num_tiles)
         return
     lora_reference(out, x, a, b, bounds, batch.slot[: x.shape[0]])

@@ -37,6 +37,18 @@ class ReplicaSpec:
     # step N joins at N+2 (measured on the CPU cluster: 30 of 36 such requests); 0 = the next step.
     join_lag_steps: int = 0
 
+    @classmethod
+    def of_cluster(cls, step: StepModel, cluster) -> ReplicaSpec:
+        """The sizes a scenario's cluster section gives (``loadtest/sim/spec.py`` ``ClusterSpec``)."""
+        return cls(
+            step,
+            cluster.kv_blocks,
+            cluster.block_size,
+            cluster.max_num_seqs,
+            cluster.max_num_batched_tokens,
+            cluster.join_lag_steps,
+        )
+
 
 @dataclass(slots=True)
 class Job:

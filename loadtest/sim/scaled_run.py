@@ -48,14 +48,7 @@ def simulate_scaled(
     started = time.perf_counter()
     loop = EventLoop()
     outcomes, sampler = Outcomes(len(trace)), BacklogSampler(len(trace.tenants))
-    spec = ReplicaSpec(
-        step,
-        cluster.kv_blocks,
-        cluster.block_size,
-        cluster.max_num_seqs,
-        cluster.max_num_batched_tokens,
-        cluster.join_lag_steps,
-    )
+    spec = ReplicaSpec.of_cluster(step, cluster)
     routers: list[SimRouter] = []
 
     def replicas_changed(n: int) -> None:

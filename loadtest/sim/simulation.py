@@ -51,14 +51,7 @@ def simulate(
     outcomes, sampler = Outcomes(len(trace)), BacklogSampler(len(trace.tenants))
     # One quota store for every router: the cluster's Redis store, so bounds hold across routers.
     store = MemoryQuotaStore(clock=loop.clock) if policy.quotas else None
-    spec = ReplicaSpec(
-        step,
-        cluster.kv_blocks,
-        cluster.block_size,
-        cluster.max_num_seqs,
-        cluster.max_num_batched_tokens,
-        cluster.join_lag_steps,
-    )
+    spec = ReplicaSpec.of_cluster(step, cluster)
     routers: list[SimRouter] = []
     owner = np.zeros(len(trace), dtype=np.int8)  # the router that holds request i
     a = cluster.autoscaling
