@@ -150,10 +150,12 @@ def router_options(config: AppConfig) -> dict[str, Any]:
     }
 
 
-def engine_kwargs(engine: EngineSettings) -> dict[str, Any]:
-    """``replica.EngineConfig`` keyword arguments from the engine settings."""
+def engine_kwargs(engine: EngineSettings, gpu_share: float | None = None) -> dict[str, Any]:
+    """``replica.EngineConfig`` keyword arguments from the engine settings; ``gpu_share``: the part
+    of a card each replica gets (a fractional ``replica_num_gpus``), which bounds its KV pool."""
     e = engine
     return {
+        "gpu_memory_share": gpu_share,
         "model": e.model,
         "device": e.device,
         "mode": e.mode,
@@ -205,8 +207,19 @@ def replica_pool(config: AppConfig, model: ModelSettings, generation: str) -> se
     engine = model.engine
     sla = model.autoscaling is not None and model.autoscaling.policy == "sla"
     return serve.deployment(ReplicaServer, **replica_options(config, model)).bind(
-        engine_kwargs(engine), engine.synthetic_tokenizer, generation, model.name, config.direct_dispatch, sla
+        engine_kwargs(engine, gpu_share(model)),
+        engine.synthetic_tokenizer,
+        generation,
+        model.name,
+        config.direct_dispatch,
+        sla,
     )
+
+
+def gpu_share(model: ModelSettings) -> float | None:
+    """A replica's part of one card when several share it (0 < ``replica_num_gpus`` < 1), else None."""
+    gpus = model.replica_num_gpus
+    return gpus if gpus is not None and 0 < gpus < 1 else None
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:

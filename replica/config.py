@@ -37,6 +37,10 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # None: from kv_cache_tokens (CPU) or free memory (CUDA)
     kv_cache_tokens: int = 32768  # CPU cache size when num_kv_blocks is None
     gpu_memory_fraction: float = 0.85  # CUDA: share of the memory left after the weights for KV
+    # CUDA: the share of the device this engine may hold (weights, KV, graphs) when replicas share one
+    # card (a fractional `replica_num_gpus`); None: the whole device. The KV pool is then
+    # gpu_memory_fraction of what is left of that share after the weights, not of all free memory.
+    gpu_memory_share: float | None = None
     max_num_seqs: int | None = None  # sequences in one step at most
     max_num_batched_tokens: int | None = None  # tokens in one step at most (prompts are chunked)
     max_model_len: int | None = None  # None: the model's own limit, capped at 8192
@@ -126,6 +130,8 @@ class EngineConfig:
             raise InvalidRequestError("num_kv_blocks must be at least 2 (block 0 is reserved)")
         if not 0.0 < self.gpu_memory_fraction < 1.0:
             raise InvalidRequestError("gpu_memory_fraction must be in (0, 1)")
+        if self.gpu_memory_share is not None and not 0.0 < self.gpu_memory_share <= 1.0:
+            raise InvalidRequestError("gpu_memory_share must be in (0, 1]")
         if self.gil_switch_interval_ms is not None and not 0.0 < self.gil_switch_interval_ms <= 100.0:
             raise InvalidRequestError("gil_switch_interval_ms must be in (0, 100]")
         if not 0.0 <= self.late_launch_margin_ms <= 100.0:

@@ -3,7 +3,9 @@
 What the config sets is taken as it is. What it leaves unset (None) follows the hardware:
 
 * **KV pool.** CPU: ``kv_cache_tokens``. CUDA: ``gpu_memory_fraction`` of the memory still free once
-  the weights are loaded (the rest holds activations, CUDA graphs and the sampler's buffers).
+  the weights are loaded (the rest holds activations, CUDA graphs and the sampler's buffers). With
+  ``gpu_memory_share`` (replicas sharing one card), of what is left of that share of the device
+  after this process's own allocations: two replicas at 0.3 each leave the rest of the card alone.
 * **Step budget** (``max_num_batched_tokens``). CPU: 512. CUDA: 2,048, vLLM's budget for an API
   server and the one the 8B shape was measured with on the H200 (``loadtest/configs/gpu-8b.yaml``):
   a prompt chunk that size shares a step with a full decode batch.
@@ -62,10 +64,23 @@ def sizes_for(config: EngineConfig, device: torch.device, kv_bytes_per_block: in
         max_num_batched_tokens=config.max_num_batched_tokens,
         num_kv_blocks=config.num_kv_blocks,
         cpu_kv_tokens=config.kv_cache_tokens,
-        free_bytes=torch.cuda.mem_get_info(device)[0] if on_cuda else 0,
+        free_bytes=kv_room_bytes(device, config.gpu_memory_share) if on_cuda else 0,
         memory_fraction=config.gpu_memory_fraction,
         kv_bytes_per_block=kv_bytes_per_block,
     )
+
+
+def kv_room_bytes(device: torch.device, share: float | None) -> int:
+    """The device memory this engine may still take for its KV pool: what is free, and with a
+    ``share`` of the device (replicas sharing one card) no more than that share of the whole less
+    what this process holds already (its weights), so co-located replicas do not race for it."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free if share is None else share_room(free, total, torch.cuda.memory_reserved(device), share)
+
+
+def share_room(free: int, total: int, held: int, share: float) -> int:
+    """min(free, share × total − held), never below 0."""
+    return max(0, min(free, int(share * total) - held))
 
 
 def choose_sizes(

@@ -13,7 +13,9 @@ from replica.engine_sizes import (
     CUDA_MAX_SEQS,
     SLOT_CONTEXT_TOKENS,
     choose_sizes,
+    share_room,
 )
+from replica.errors import InvalidRequestError
 
 GIB = 1 << 30
 BLOCK = 16
@@ -97,3 +99,31 @@ async def test_a_cpu_engine_reports_what_it_chose_and_runs_with_it() -> None:
         assert engine.core.scheduler.max_num_seqs == CPU_MAX_SEQS
     finally:
         await engine.stop()
+
+
+def test_a_replica_sharing_a_card_sizes_its_kv_from_its_share_not_from_all_free_memory() -> None:
+    """Three replicas at 0.3 of a 141-GiB card: the first (2.5 GiB of weights held) may take 0.3 ×
+    141 − 2.5 GiB however much is free; a later one finds less free than its share and takes what
+    is free; one whose weights already fill its share gets nothing."""
+    total = 141 * GIB
+    assert share_room(free=138 * GIB, total=total, held=int(2.5 * GIB), share=0.3) == int(0.3 * total) - int(
+        2.5 * GIB
+    )
+    assert share_room(free=10 * GIB, total=total, held=int(2.5 * GIB), share=0.3) == 10 * GIB
+    assert share_room(free=100 * GIB, total=total, held=50 * GIB, share=0.3) == 0
+    with pytest.raises(InvalidRequestError, match="gpu_memory_share"):
+        EngineConfig(gpu_memory_share=1.5)
+
+
+def test_a_fractional_gpu_replica_is_given_its_share_and_a_whole_one_none() -> None:
+    from cluster.app import engine_kwargs, gpu_share
+    from cluster.model_settings import ModelSettings
+
+    shared = ModelSettings(name="m", engine={"model": "llama-3.2-1b", "device": "cuda"}, replica_num_gpus=0.3)
+    assert (
+        gpu_share(shared) == 0.3
+        and engine_kwargs(shared.engine, gpu_share(shared))["gpu_memory_share"] == 0.3
+    )
+    assert EngineConfig(**engine_kwargs(shared.engine, 0.3)).gpu_memory_share == 0.3
+    for whole in (None, 1.0, 0.0):
+        assert gpu_share(ModelSettings(name="m", replica_num_gpus=whole)) is None
