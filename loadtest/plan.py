@@ -33,7 +33,10 @@ def tenant_rng(seed: int, tenant_id: str) -> np.random.Generator:
 def open_loop_plan(
     load: TenantLoad, duration_s: float, rng: np.random.Generator, mix: SamplingDraw | None = None
 ) -> list[PlannedRequest]:
-    times = arrival_times(load.rate or 0.0, load.arrival, duration_s, rng)
+    # A tenant that sends only within [start_s, end_s): its process runs over that span alone.
+    end = min(duration_s, load.end_s or duration_s)
+    span = max(0.0, end - load.start_s)
+    times = load.start_s + arrival_times(load.rate or 0.0, load.arrival, span, rng) if span else []
     mix = mix or SamplingDraw("greedy", rng)
     return [
         PlannedRequest(

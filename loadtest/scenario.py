@@ -73,6 +73,8 @@ class TenantLoad(_Strict):
     rate: float | None = Field(default=None, gt=0, description="Requests per second (open loop).")
     concurrency: int | None = Field(default=None, gt=0, description="Requests kept in flight (closed loop).")
     arrival: Arrival = Field(default_factory=Arrival, description="Arrival process for rate mode.")
+    start_s: float = Field(default=0.0, ge=0, description="Open loop: the first send no earlier (a burst).")
+    end_s: float | None = Field(default=None, gt=0, description="Open loop: no send from here on.")
     prompt: PromptLength = Field(default_factory=BundledPrompts, description="Prompt lengths (words).")
     output: OutputLength = Field(default_factory=lambda: FixedLength(tokens=32), description="max_tokens.")
     sampling: Sampling | None = Field(
@@ -83,6 +85,10 @@ class TenantLoad(_Strict):
     def _one_mode(self) -> TenantLoad:
         if (self.rate is None) == (self.concurrency is None):
             raise ValueError("give exactly one of rate or concurrency")
+        if self.concurrency is not None and (self.start_s or self.end_s is not None):
+            raise ValueError("start_s and end_s are for open-loop tenants (rate)")
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError("end_s must come after start_s")
         return self
 
 
@@ -163,9 +169,12 @@ class Scenario(_Strict):
         return next(c for c in self.classes if c.name == tenant.sla_class)
 
     def scaled(self, scale: float = 1.0, duration_s: float | None = None) -> Scenario:
-        """Rates and concurrencies × ``scale``; a new duration keeps the warm-up's share of it."""
+        """Rates and concurrencies × ``scale``; a new duration keeps the warm-up's share of it, and
+        each tenant's send window (``start_s``, ``end_s``) its place in it."""
         if scale <= 0:
             raise ValueError("scale must be > 0")
+        duration = self.duration_s if duration_s is None else duration_s
+        stretch = duration / self.duration_s
         tenants = tuple(
             t.model_copy(
                 update={
@@ -173,11 +182,12 @@ class Scenario(_Strict):
                     "concurrency": None
                     if t.concurrency is None
                     else max(1, math.ceil(t.concurrency * scale)),
+                    "start_s": t.start_s * stretch,
+                    "end_s": None if t.end_s is None else t.end_s * stretch,
                 }
             )
             for t in self.tenants
         )
-        duration = self.duration_s if duration_s is None else duration_s
         warmup = self.warmup_s * duration / self.duration_s
         return Scenario.model_validate(
             self.model_dump()

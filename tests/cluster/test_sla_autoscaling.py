@@ -4,7 +4,8 @@ Shares are the guaranteed ones (``share_basis: configured``) of this app's tenan
 (interactive) weighs 8 of the 12 configured, carol (batch) 1, so carol's flood is far beyond her share
 and does not buy a replica (the policy keeps deciding to stay at one while it waits); alice's burst,
 within hers, then scales 1 → 2. The decision, its reason, the predicted attainment per class and the
-replicas' start times are in ``/admin/state`` and ``/metrics``.
+replicas' start times are in ``/admin/state`` and ``/metrics``. Once the burst is over the policy
+scales 2 → 1 with Serve's graceful drain, while alice keeps a stream open: no stream is cut.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import yaml
 from ray import serve
@@ -36,7 +38,7 @@ def sla_app(ray_serve: int, app_config: dict, tmp_path_factory: pytest.TempPathF
         "min_replicas": 1,
         "max_replicas": 2,
         "upscale_delay_s": 1.0,
-        "downscale_delay_s": 600.0,
+        "downscale_delay_s": 10.0,  # Serve's wrapper: 10 s of down decisions in a row before one replica goes
         "metrics_interval_s": 0.5,
         "policy": "sla",
         "sla": {"start_time_s": 15.0, "window_s": 10.0, "horizon_s": 10.0, "share_basis": "configured"},
@@ -110,7 +112,6 @@ def test_over_share_batch_backlog_holds_and_an_interactive_burst_scales_up(sla_a
     for t in burst:
         t.start()
     try:
-
         moved: list[dict] = []  # kept from the poll that saw it: a later /admin/state call may be shed
 
         def scaled() -> bool:  # the decision that moved the count, not the holds after it
@@ -131,3 +132,60 @@ def test_over_share_batch_backlog_holds_and_an_interactive_burst_scales_up(sla_a
         for t in burst + flood:
             t.join(timeout=300)
     assert codes and all(c == 200 for c in codes), codes
+
+
+def _stream(base: str, tokens: int) -> tuple[int, str | None]:
+    """One streamed chat answer of alice's, read to its end: (completion tokens, finish reason)."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=ALICE, max_retries=0, timeout=300)
+    used, finish = 0, None
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a long story about a lighthouse."}],
+        max_tokens=tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+        if chunk.usage is not None:
+            used = chunk.usage.completion_tokens
+    return used, finish
+
+
+def test_after_the_burst_it_scales_down_and_the_drain_cuts_no_stream(sla_app: str) -> None:
+    assert _running() == 2  # where the burst left it
+    stop = threading.Event()
+    ended: list[tuple[int, str | None]] = []
+    errors: list[BaseException] = []
+
+    def streams() -> None:  # one of alice's streams open at every moment of the scale-down
+        while not stop.is_set():
+            try:
+                ended.append(_stream(sla_app, 32))
+            except Exception as exc:  # a cut stream: the check below names it
+                errors.append(exc)
+
+    streamer = threading.Thread(target=streams, daemon=True)
+    streamer.start()
+    moved: list[dict] = []
+    try:
+
+        def down() -> bool:
+            change = (_decision(sla_app) or {}).get("last_change") or {}
+            if change.get("desired") == 1:
+                moved[:] = [change]
+            return _running() == 1 and bool(moved)
+
+        assert wait_until(down, timeout_s=180, interval_s=0.5), (_running(), _decision(sla_app))
+        assert moved[0]["reason"].startswith("down"), moved
+        streamed_before = len(ended)
+        # The stream open while the replica stopped ends too, and one more after it, on the one left.
+        assert wait_until(lambda: len(ended) >= streamed_before + 2 or bool(errors), timeout_s=120)
+    finally:
+        stop.set()
+        streamer.join(timeout=300)
+    assert not errors, errors
+    assert ended and all(end == (32, "length") for end in ended), ended

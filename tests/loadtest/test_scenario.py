@@ -85,3 +85,18 @@ def test_requests_carry_the_sampling_mix_unless_greedy_is_pinned() -> None:
     pinned = greedy.tenants[0].model_copy(update={"sampling": "mix"})
     draws = [ClosedLoopSource(pinned, 1, greedy.sampling_of(pinned)).next().sampling for _ in range(1)]
     assert greedy.sampling_of(pinned) == "mix" and draws
+
+
+def test_a_tenant_sends_only_within_its_window_and_the_window_scales_with_the_run() -> None:
+    burst = BASE["tenants"][0] | {"id": "dave", "rate": 20.0, "start_s": 4.0, "end_s": 7.0}
+    scenario = Scenario.model_validate(BASE | {"duration_s": 10, "tenants": [BASE["tenants"][0], burst]})
+    times = [p.at for p in build_open_plan(scenario) if p.tenant == "dave"]
+    assert len(times) > 30 and min(times) >= 4.0 and max(times) < 7.0  # ~60 at 20/s over 3 s
+    stretched = [p.at for p in build_open_plan(scenario.scaled(1.0, duration_s=20)) if p.tenant == "dave"]
+    assert min(stretched) >= 8.0 and max(stretched) < 14.0
+    with pytest.raises(ValueError, match="open-loop"):
+        Scenario.model_validate(
+            BASE | {"tenants": [BASE["tenants"][0] | {"rate": None, "concurrency": 2, "start_s": 1}]}
+        )
+    with pytest.raises(ValueError, match="after start_s"):
+        Scenario.model_validate(BASE | {"tenants": [burst | {"end_s": 3.0}]})
