@@ -110,7 +110,9 @@ def _profile(args: argparse.Namespace, kind: str, pid: int, seconds: float) -> s
     args.py_spy.mkdir(parents=True, exist_ok=True)
     out = args.py_spy / f"router_{kind}.txt"
     cmd = ["py-spy", "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-f", "raw", "-o", str(out)]
-    return subprocess.Popen([*cmd, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Native frames (uvloop's C, the socket writes) need the process paused for each sample.
+    cmd += ["--native", "--threads"] if args.py_spy_native else ["--nonblocking"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _admin(base: str, method: str, path: str) -> dict[str, Any]:
@@ -208,6 +210,9 @@ def parse_args() -> argparse.Namespace:
         "--direct-ingress", action="store_true", help="Serve's direct ingress: clients reach the router."
     )
     p.add_argument("--py-spy", type=Path, default=None, help="Profile the router into this folder.")
+    p.add_argument(
+        "--py-spy-native", action="store_true", help="With --py-spy: native frames too (pauses the router)."
+    )
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE: an AppConfig override.")
     args = p.parse_args()
     if args.py_spy is not None and shutil.which("py-spy") is None:  # before the cluster starts, not after

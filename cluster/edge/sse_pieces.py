@@ -6,6 +6,7 @@ joined. The bytes equal ``sse(chunk(...))``'s (``tests/cluster/test_sse_pieces.p
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 
@@ -23,7 +24,8 @@ class PlainPieces:
         around = self._around.get(index)
         if around is None:
             around = self._around[index] = self._build(index)
-        return around[0] + json.dumps(text).encode() + around[1]
+        # json.dumps(text) for a str is this C function's result, without dumps' encoder set-up.
+        return around[0] + encode_basestring_ascii(text).encode() + around[1]
 
     def _build(self, index: int) -> tuple[bytes, bytes]:
         if self._kind == "completion":

@@ -96,12 +96,13 @@ class SseResponse(Response):
 
     async def _pushed(self, writer: ClientWriter) -> bytes:
         """Every output written as it arrives; the bytes still to send at the end."""
-        renderer = self._renderer
+        renderer, stream = self._renderer, self._active.stream
 
         def consume(item: dict[str, Any]) -> None:
             if writer.gone:
                 raise ClientGone
-            writer.write(renderer.render(item))
+            # Several outputs of this stream in one read of the channel: one socket write for all.
+            writer.write(renderer.render(item), stream.more_coming)
 
         try:
             await PushedOutputs(self._active, consume).run()

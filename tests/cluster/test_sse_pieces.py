@@ -1,8 +1,9 @@
 """The pre-serialized text-delta chunks are byte for byte what the general chunk builder writes, for
-completions and chat, several choices, and text that JSON must escape."""
+completions and chat, several choices, and text that JSON must escape (as ``json.dumps`` does)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -10,7 +11,9 @@ import pytest
 from cluster.edge.responses import ResponseMeta, sse_stream
 from cluster.edge.sse_pieces import PlainPieces
 
-TEXTS = [" Hello", ' "quoted"', " line\nbreak", " caf\u00e9 \u2603", " back\\slash", "", " tab\t", " end"]
+TEXTS = [" Hello", ' "quoted"', " line\nbreak", " caf\u00e9 \u2603", " back\\slash", "", " tab\t"]
+# Control characters, JavaScript's line separators, a character beyond the BMP, a lone surrogate.
+TEXTS += [" nul\x00 bell\x07 esc\x1b del\x7f", " \u2028sep\u2029", " \U0001f600 \ud800", " end"]
 
 
 def _items(n: int) -> list[dict]:
@@ -51,3 +54,12 @@ async def test_plain_pieces_equal_the_general_chunks(kind: str, n: int, monkeypa
     fast = await _stream(kind, n, True)
     assert fast == general
     assert len(used) == (len(TEXTS) - 3) * n  # all but each choice's first, empty and last deltas
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_a_piece_holds_its_text_as_json_dumps_writes_it(text: str) -> None:
+    pieces = PlainPieces({"id": "i", "object": "text_completion", "created": 1, "model": "m"}, "completion")
+    piece = pieces.piece(0, text)
+    assert piece.startswith(b'data: {"id":"i"') and piece.endswith(b"\n\n")
+    quoted = json.dumps(text).encode()
+    assert piece.split(b'"text":', 1)[1].startswith(quoted + b',"logprobs":null')
