@@ -2,7 +2,7 @@
 them 1 → 3 → 1 under an interactive burst, and the run says what it decided, how long replicas took
 to start and how far its predictions were from what the clients then saw.
 
-    bash bench/sla_autoscale_run.sh OUT                      # H200 (~4 min): the 1B shape at 0.3 GPU
+    bash bench/sla_autoscale_run.sh OUT                      # H200 (~5 min): the 1B shape at 0.3 GPU
                                                              # per replica, then one 8B replica's start
     python -m bench.sla_autoscale_run --out OUT --smoke      # the CPU box: SmolLM2 shape, plumbing only
 
@@ -59,7 +59,7 @@ class Profile:
 
 GPU = Profile(
     "llama-3.2-1b", "h200-llama-3.2-1b", "cuda", 4, {"replica_num_gpus": 0.3, "replica_num_cpus": 2},
-    (32, 128), (10.0, 45.0, 20.0), 4, 30.0,
+    (32, 128), (15.0, 50.0, 25.0), 4, 30.0,
 )  # fmt: skip
 CPU = Profile(
     "smollm2-135m", "cpu-smollm2-cluster", "cpu", 4, {"replica_num_cpus": 0.5},
@@ -291,7 +291,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--smoke", action="store_true", help="the CPU box: SmolLM2 shape, shorter phases")
     ap.add_argument("--max-replicas", type=int, default=3)
-    ap.add_argument("--down-wait-s", type=float, default=30.0, help="after the load, wait for 1 replica")
+    ap.add_argument("--down-wait-s", type=float, default=45.0, help="after the load, wait for 1 replica")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     res = run(args)
