@@ -19,6 +19,7 @@ from cluster.config import AppConfig
 from cluster.drain import drain
 from cluster.edge.ingress import ROUTER_DEPLOYMENT
 from cluster.ops.edge import HAPROXY_VAR, SIDE_PORT_VARS, edge_env, free_side_ports, usable_edge
+from cluster.ops.edge_error_file import write_error_file
 from cluster.routing.replica_monitor import running_replicas
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ def ray_env(proxy_grpc: bool | None = True, config: AppConfig | None = None) -> 
     Workers must import ``cluster`` from this checkout. ``proxy_grpc``: Serve's HTTP proxy reaches
     the routers over gRPC (RAY_SERVE_PROXY_USE_GRPC); ``config``: the app whose ``edge`` (and
     ``direct_ingress``) decide how clients reach the routers (``cluster/ops/edge.py``), HAProxy's
-    side ports taken free on this machine. None leaves a variable as it is.
+    side ports taken free on this machine and its error file written here. None leaves a variable
+    as it is.
     """
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
     if proxy_grpc is not None:
@@ -49,8 +51,10 @@ def ray_env(proxy_grpc: bool | None = True, config: AppConfig | None = None) -> 
         for name in (HAPROXY_VAR, *SIDE_PORT_VARS):  # a proxy edge after a HAProxy one in this process
             os.environ.pop(name, None)
         kind = usable_edge(config.edge)
-        side = free_side_ports() if kind == "haproxy" else None
-        os.environ.update(edge_env(kind, config.direct_ingress, side))
+        if kind == "haproxy":  # free side ports, and fairlane's JSON 503 for what HAProxy answers itself
+            os.environ.update(edge_env(kind, config.direct_ingress, free_side_ports(), write_error_file()))
+        else:
+            os.environ.update(edge_env(kind, config.direct_ingress))
 
 
 def start_ray(

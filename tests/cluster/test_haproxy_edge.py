@@ -4,13 +4,15 @@ two routers' own ports, and a router killed under load is not the client's probl
 Serve reads its edge variables once per process, when Ray starts, so ``fairlane serve`` runs as a
 subprocess with a Ray of its own (as ``test_direct_ingress.py``), before the session's shared Ray.
 The real ``openai`` client talks to the address the command prints. Then one of the two routers is
-killed (SIGKILL) while streams are open and new requests keep coming: every request completes or
-ends with an error the client sees (none hangs), requests sent after the kill are served by the
-other router (HAProxy sends a refused or unanswered request on), and Serve starts a new router.
+killed (SIGKILL) while streams are open and new requests keep coming: every request completes, or
+is a stream cut where it was, or gets fairlane's JSON 503 (never Serve's plain-text 500 page, never
+a hang); requests sent after the kill are served by the other router (HAProxy sends a refused or
+unanswered request on), and Serve starts a new router.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -24,6 +26,8 @@ import httpx
 import openai
 import pytest
 
+from cluster.ops.edge import BUFFER_REQUEST
+from cluster.ops.edge_error_file import FILE_NAME, RETRY_AFTER_S, router_unavailable_reply
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
 from tests.cluster.own_serve import environ_of, own_serve, pids_with
 from tests.faults.fault_helpers import MODEL, wait_for
@@ -35,7 +39,8 @@ SERVING = re.compile(r"fairlane serving \S+ at (http://[\d.]+:\d+)/v1")
 ROUTER_TITLE = "ServeReplica:fairlane:Router"  # Ray's process title of a router actor
 QUESTION = [{"role": "user", "content": "Count from one to twenty."}]
 ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_KEY}"}
-SERVE_500 = "Internal Server Error"  # the body of Serve's HAProxy error file (502/503/504 as a 500)
+ROUTER_UNAVAILABLE = "status 503 router_unavailable"  # what HAProxy answers itself (edge_error_file.py)
+STREAM_CUT = "stream cut"  # a stream whose router died after it began: the connection ends
 
 
 @pytest.fixture
@@ -62,25 +67,38 @@ def _routers(ray_tmp_marker: str) -> list[int]:
 
 
 def _ask(client: openai.OpenAI, stream: bool, streaming: threading.Semaphore | None = None) -> str:
-    """One request's ending: "ok", or the error the client saw (never raised, never endless).
-    ``streaming`` is released when a stream's first piece arrives."""
+    """One request's ending: "ok", STREAM_CUT, or the error the client saw (never raised, never
+    endless). ``streaming`` is released when a stream's first piece arrives."""
     try:
         if not stream:
             client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16)
             return "ok"
-        finished = None
-        for i, chunk in enumerate(
-            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48, stream=True)
-        ):
+        answer = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48, stream=True)
+    except openai.APIStatusError as exc:  # an HTTP error status with its body
+        return _status(exc.response)
+    except (openai.APIConnectionError, openai.APIError, httpx.HTTPError) as exc:
+        return f"error {type(exc).__name__} before any answer"
+    finished = None
+    try:  # the answer began (200 and its headers): a router that dies now cuts it where it is
+        for i, chunk in enumerate(answer):
             if i == 0 and streaming is not None:
                 streaming.release()
             if chunk.choices and chunk.choices[0].finish_reason:
                 finished = chunk.choices[0].finish_reason
-        return "ok" if finished else "stream ended without a finish reason"
-    except openai.APIStatusError as exc:  # an HTTP error status with its body
-        return f"status {exc.status_code} {exc.response.headers.get('content-type')} {exc.response.text[:80]}"
-    except (openai.APIConnectionError, openai.APIError, httpx.HTTPError) as exc:
-        return f"error {type(exc).__name__}"
+    except (openai.APIConnectionError, httpx.HTTPError):
+        return STREAM_CUT
+    except openai.APIError as exc:  # an SSE error event
+        return f"stream error {exc.code}"
+    return "ok" if finished else "stream ended without a finish reason"
+
+
+def _status(response: httpx.Response) -> str:
+    """An error status as "status <code> <OpenAI error code>", or with its raw text when its body is
+    no OpenAI error (Serve's plain-text page, say)."""
+    try:
+        return f"status {response.status_code} {response.json()['error']['code']}"
+    except (ValueError, KeyError, TypeError):
+        return f"status {response.status_code} {response.headers.get('content-type')} {response.text[:80]}"
 
 
 @pytest.mark.slow
@@ -102,6 +120,7 @@ def test_haproxy_fronts_the_routers_and_outlives_one(served: tuple[subprocess.Po
     assert {path for by_path in paths.values() for path in by_path} == {"pushed"}, paths
     marker = f"RAY_TMPDIR={_tmpdir_of(proc.pid)}"
     assert wait_for(lambda: len(_routers(marker)) == 2, timeout_s=60), _routers(marker)
+    _assert_fairlanes_defaults(_haproxy_config(marker))
 
     # Under load, one router dies. Every request ends, none hangs.
     slow = openai.OpenAI(
@@ -131,11 +150,10 @@ def test_haproxy_fronts_the_routers_and_outlives_one(served: tuple[subprocess.Po
     after = [e for e in endings if e.startswith("after:")]
     assert len(endings) == 20
     # Every request ends as the client sees it: answered (HAProxy sends a request on when its router
-    # refused it or closed before answering), a stream cut where it was (the connection ends), or
-    # Serve's plain-text 500 page from the edge. That last one is a known gap, not explained yet
-    # (docs/cluster.md, "The edge"): seen for 1-2 requests in flight in about half the runs, and for
-    # requests sent right after the kill in about one run in five. Never a hang, never a silent end.
-    seen = {"ok", "error APIConnectionError", f"status 500 text/plain {SERVE_500}"}
+    # refused it or closed before answering: it holds every request whole), a stream cut where it
+    # was (the connection ends), or fairlane's JSON 503 where HAProxy found no router to take it.
+    # Never Serve's plain-text 500 page, never a hang, never a silent end.
+    seen = {"ok", STREAM_CUT, ROUTER_UNAVAILABLE}
     assert {e.split(":", 1)[1] for e in endings} <= seen, endings
     assert "after:ok" in after, endings  # the other router serves what comes after the kill
     # Serve replaces the dead router; HAProxy routes to both again.
@@ -154,6 +172,41 @@ def _stream_paths_of_routers(url: str) -> dict[str, dict[str, int]]:
 
     wait_for(both, timeout_s=30)
     return seen
+
+
+def _haproxy_config(marker: str) -> str:
+    """The config the cluster's HAProxy runs (Serve writes it; ``-f`` names it)."""
+    for pid in pids_with("haproxy"):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        if args[0].endswith("/haproxy") and "-f" in args and marker in environ_of(pid):
+            return Path(args[args.index("-f") + 1]).read_text()
+    raise AssertionError("no HAProxy of this cluster runs")
+
+
+def _assert_fairlanes_defaults(config: str) -> None:
+    """fairlane's lines reach HAProxy's ``defaults`` section through Serve's balance variable
+    (``cluster/ops/edge.py``), its error file after Serve's, so that HAProxy uses it."""
+    defaults = config.split("\ndefaults\n", 1)[1].split("\nfrontend ", 1)[0].splitlines()
+    lines = [line.strip() for line in defaults]
+    assert BUFFER_REQUEST in lines, defaults
+    for status in (502, 503, 504):
+        files = [line.split()[-1] for line in lines if line.startswith(f"errorfile {status} ")]
+        assert files and files[-1].endswith(f"/{FILE_NAME}"), defaults
+
+
+def test_haproxys_own_answer_is_an_openai_error() -> None:
+    """The error file is a whole HTTP response HAProxy can load: a 503 with Retry-After, its length
+    right, its body the OpenAI error of a router's own 503s."""
+    head, body = router_unavailable_reply().split(b"\r\n\r\n", 1)
+    status, *fields = head.decode().split("\r\n")
+    headers = dict(field.split(": ", 1) for field in fields)
+    assert status == "HTTP/1.1 503 Service Unavailable"
+    assert headers["content-type"] == "application/json"
+    assert headers["retry-after"] == str(RETRY_AFTER_S)
+    assert int(headers["content-length"]) == len(body)
+    error = json.loads(body)["error"]
+    assert (error["type"], error["code"]) == ("service_unavailable", "router_unavailable")
+    assert error["message"]
 
 
 def _tmpdir_of(pid: int) -> str:
