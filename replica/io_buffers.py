@@ -19,10 +19,10 @@ import torch
 
 from replica.sampling_params import MAX_LOGPROBS
 
-# name -> (rows: "tokens" | "seqs" | "chunk_bounds" (seqs + 1) | "one" | "bias", columns: None | "table" |
-# "mask_words", dtype); the order is the memory order. Everything before the decode tables travels in
-# every step's first copy; the bias entries and token masks (after the prefill tables) only in steps
-# that have some.
+# name -> (rows: "tokens" | "seqs" | "chunks" | "chunk_bounds" (chunks + 1) | "one" | "bias", columns:
+# None | "table" | "mask_words", dtype); the order is the memory order. Everything before the decode
+# tables travels in every step's first copy; the bias entries and token masks (after the prefill
+# tables) only in steps that have some.
 FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "input_ids": ("tokens", None, torch.int64),
     "prev_rows": ("tokens", None, torch.int64),
@@ -65,7 +65,7 @@ FIELDS: dict[str, tuple[str, str | None, torch.dtype]] = {
     "lora_tile_start": ("lora_tiles", None, torch.int32),
     "lora_tile_count": ("lora_tiles", None, torch.int32),
     "decode_tables": ("seqs", "table", torch.int64),
-    "prefill_tables": ("seqs", "table", torch.int64),
+    "prefill_tables": ("chunks", "table", torch.int64),
     "bias_index": ("bias", None, torch.int64),  # flat index (sample row * vocab + token id)
     "bias_value": ("bias", None, torch.float32),
     # The constrained rows' packed allowed-token masks (bit i of word j: token 32 j + i), filled by
@@ -109,11 +109,16 @@ class StepBuffers:
         bias_entries: int = 1,
         mask_words: int = 1,
         lora_rows: dict[str, int] | None = None,
+        max_chunks: int = 0,
     ) -> None:
         self.device = device
         self.on_cuda = device.type == "cuda"
         self.table_width = table_width
-        rows = {"tokens": max_tokens, "seqs": max_seqs, "chunk_bounds": max_seqs + 1, "one": 1}
+        # A step has at most one prompt chunk per sequence, but a mixed CUDA graph reads a fixed
+        # `max_chunks` of them (its padded chunks included), however few sequences the engine runs.
+        chunks = max(max_seqs, max_chunks)
+        rows = {"tokens": max_tokens, "seqs": max_seqs, "chunks": chunks, "chunk_bounds": chunks + 1}
+        rows["one"] = 1
         rows |= lora_rows or {"lora_tokens": 0, "lora_tiles": 0}  # replica/lora_step.py buffer_rows
         rows["bias"] = bias_entries
         sizes = {**rows, "table": table_width, "mask_words": mask_words}

@@ -101,8 +101,10 @@ class ModelRunner:
         max_rows = max(max_tokens, max_seqs)
         bias = max(GRAPH_BIAS_ENTRIES, max_seqs * (MAX_LOGIT_BIAS + MAX_BAN_IDS))
         words = -(-cfg.vocab_size // 32)  # one packed token-mask row (structured output)
+        chunks = mixed.MAX_CHUNKS  # what a mixed graph reads, however few sequences the engine runs
         self.buffers = [
-            StepBuffers(device, max_rows, max_seqs, self.table_width, bias, words, lora_rows) for _ in (0, 1)
+            StepBuffers(device, max_rows, max_seqs, self.table_width, bias, words, lora_rows, chunks)
+            for _ in (0, 1)
         ]
         self.sampler = StepSampler(model, device, max_seqs)
         pads = self.sampler.penalties.pad_row * cfg.vocab_size + np.arange(max_rows) % cfg.vocab_size
