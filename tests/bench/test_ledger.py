@@ -26,9 +26,10 @@ def ledger_rows() -> list[dict[str, str]]:
     return rows
 
 
-def lookup(data: dict, dotted: str) -> float:
+def lookup(data: dict | list, dotted: str) -> float:
+    """The value at a dotted path; a part that indexes a list is its position (`waits.0.s`)."""
     for part in dotted.split("."):
-        data = data[part]
+        data = data[int(part)] if isinstance(data, list) else data[part]
     return float(data)
 
 
