@@ -246,3 +246,11 @@ def test_a_runs_drain_is_planned_from_its_backlog_and_capped_by_what_later_phase
     assert drain_cap_s(GPU, schedule, last, sc, left_s=200.0) == pytest.approx(200.0 - 20.0 - 10.0 - 15.0)
     assert drain_cap_s(GPU, schedule, last, sc, left_s=10.0) == pytest.approx(GPU.drain_estimate_s(sc))
     assert drain_cap_s(replace(GPU, drain_cap_s=8.0), schedule, last, sc, left_s=200.0) == 8.0
+
+
+def test_a_synthetic_tokenizer_run_sends_the_mix_without_json_schemas() -> None:
+    """Random weights' word tokenizer cannot constrain output: the replica refuses a JSON schema, so
+    the GPU plan's runs leave them out; a real tokenizer's config keeps the whole mix."""
+    assert at_capacity("mixed-sla", GPU, "m").sampling == "mix_without_schemas"
+    real = replace(GPU, config=GPU.config.parent / "cpu-fair.yaml")
+    assert at_capacity("mixed-sla", real, "m").sampling == "mix"
