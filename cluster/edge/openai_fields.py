@@ -3,7 +3,7 @@
 Each field either works, is accepted and only informs (its treatment says what happens to it), or is
 refused with a 400 naming it and saying why. The request models (``openai_schemas.py``,
 ``chat_messages.py``, ``request_extras.py``) follow this table, and ``docs/openai.md`` is rendered
-from it (``python -m cluster.edge.openai_fields``). ``tests/cluster/test_openai_contract.py`` walks
+from it (``python -m cluster.edge.openai_fields``). ``tests/cluster/edge/test_openai_contract.py`` walks
 the installed ``openai`` package's request types: a field added upstream fails that test until it
 is given a treatment here.
 """

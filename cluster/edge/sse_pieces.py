@@ -1,7 +1,7 @@
 """Pre-serialized SSE chunks for the plain streamed case: text deltas without logprobs, echo or
 per-chunk usage, no tool-call shaping. Everything but the text is the same in every chunk of a choice,
 so its JSON before and after the text is built once per choice and each chunk is three byte strings
-joined. The bytes equal ``sse(chunk(...))``'s (``tests/cluster/test_sse_pieces.py``)."""
+joined. The bytes equal ``sse(chunk(...))``'s (``tests/cluster/edge/test_sse_pieces.py``)."""
 
 from __future__ import annotations
 

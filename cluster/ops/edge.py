@@ -46,7 +46,7 @@ BUFSIZE = 65536
 # Serve has no variable for fairlane's own lines of HAProxy's `defaults` section (below). They ride
 # on its balance variable, which its template (ray/serve/_private/haproxy_templates.py) writes
 # verbatim as that section's last line, `balance {{ ... }}`: after Serve's own `errorfile` lines, and
-# HAProxy takes the last `errorfile` given for a status. tests/cluster/test_haproxy_edge.py reads
+# HAProxy takes the last `errorfile` given for a status. tests/cluster/ops/test_haproxy_edge.py reads
 # them in the live config, so a Serve that renders the variable otherwise fails there.
 BALANCE_VAR = "RAY_SERVE_HAPROXY_BALANCE_ALGORITHM"
 BALANCE = "leastconn"  # Serve's: a new request goes to the router with the fewest open ones

@@ -282,15 +282,19 @@ class ReplicaServer:
     async def __del__(self) -> None:
         # Serve awaits an async destructor on shutdown: stop the engine thread cleanly. Requests sent
         # directly are not Serve's, so Serve's graceful drain did not wait for them: wait here.
-        if self._submit is not None:
-            await self._submit.drain(DIRECT_DRAIN_S)
-            await self._submit.stop()
-        await self._channels.close()
-        if self._publisher is not None:
+        # A replica whose __init__ failed partway is destroyed too: stop only what it had made.
+        submit, channels = getattr(self, "_submit", None), getattr(self, "_channels", None)
+        if submit is not None:
+            await submit.drain(DIRECT_DRAIN_S)
+            await submit.stop()
+        if channels is not None:
+            await channels.close()
+        if getattr(self, "_publisher", None) is not None:
             self._publisher.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(replica_board.forget, self._generation, self._replica_id)
-        await self._engine.stop()
+        if getattr(self, "_engine", None) is not None:
+            await self._engine.stop()
 
 
 def _in_order(held: dict[int, dict[str, Any]], newest: dict[str, Any]) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ of resident memory per router). A child process exports the tokenizer transforme
 checkpoint (`cluster/text/tokenizer_export.py`) once into the model cache; the router reads that
 pipeline, the chat template and the special tokens' names from there. Encoding is then the
 replica's by construction, and chat templates render in transformers' Jinja environment
-(`cluster/text/chat_template.py`); tests/cluster/test_router_tokenizer.py compares both.
+(`cluster/text/chat_template.py`); tests/cluster/text/test_router_tokenizer.py compares both.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from cluster.serving.stream_channel import ChannelSet
 from cluster.serving.stream_frames import encode, read_frame
 from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import GenerateArgs
-from tests.cluster.test_stream_channel import (
+from tests.cluster.routing.test_stream_channel import (
     ChannelReplicas,
     PacedOutputs,
     _job,

@@ -21,7 +21,7 @@ from cluster.edge.client_writer import ClientWriter
 from cluster.edge.responses import ResponseMeta, SseRenderer
 from cluster.edge.stream_responses import SseResponse
 from cluster.routing.stream_receiver import StreamReceiver
-from tests.cluster.test_stream_channel import ChannelReplicas, PacedOutputs, _job, _runner
+from tests.cluster.routing.test_stream_channel import ChannelReplicas, PacedOutputs, _job, _runner
 
 
 class Served:

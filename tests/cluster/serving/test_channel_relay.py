@@ -14,7 +14,7 @@ import pytest
 from cluster.routing.stream_receiver import StreamReceiver
 from cluster.serving.replica_deployment import ReplicaServer
 from cluster.serving.wire import GenerateArgs
-from tests.cluster.test_stream_channel import FakeCall
+from tests.cluster.routing.test_stream_channel import FakeCall
 
 PROMPTS = [list(range(100 + 7 * i, 120 + 9 * i)) for i in range(8)]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEMO_TIMEOUT_S = 480.0  # Ray + Serve + SmolLM2, 2 x (warm-up + 8 s of load), a redeploy, on 2 busy cores
 NOISE = ("graceful_shutdown failed", "killed by `ray.kill`", "Traceback")
 

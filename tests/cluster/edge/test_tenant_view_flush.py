@@ -24,7 +24,7 @@ from cluster.ledger.rows import Pricing
 from cluster.ledger.writer import WriterSettings
 from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import default_tenancy_config
-from tests.cluster.test_stream_channel import until
+from tests.cluster.routing.test_stream_channel import until
 from tests.ledger.rows_factory import timings
 
 CONFIG = default_tenancy_config()

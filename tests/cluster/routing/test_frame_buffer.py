@@ -12,7 +12,7 @@ import pytest
 
 from cluster.routing.stream_receiver import FrameBuffer, StreamReceiver
 from cluster.serving.stream_frames import HEADER, FrameError, encode
-from tests.cluster.test_stream_channel import FakeCall, until
+from tests.cluster.routing.test_stream_channel import FakeCall, until
 
 PAYLOADS: list[Any] = [
     [{"request_id": "a", "text": "caf\u00e9"}],

@@ -1,5 +1,5 @@
 """Routers sharing a tenancy version (issue 19, defect 5), without Ray: the GCS key-value store is a
-dict here. tests/cluster/test_tenancy_reload.py runs the same on a Serve app with two routers."""
+dict here. tests/cluster/ops/test_tenancy_reload.py runs the same on a Serve app with two routers."""
 
 from __future__ import annotations
 

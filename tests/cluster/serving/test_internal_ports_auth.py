@@ -19,7 +19,7 @@ from cluster.serving.frame_hello import HELLO_MAX_BYTES
 from cluster.serving.stream_frames import HEADER, MAX_FRAME_BYTES, encode, read_frame
 from cluster.serving.submit_server import SubmitServer
 from cluster.serving.wire import GenerateArgs
-from tests.cluster.test_stream_channel import FakeCall, _output
+from tests.cluster.routing.test_stream_channel import FakeCall, _output
 
 LONG_S = 60.0  # a hello timeout no test waits for: a drop under it is the bound's doing
 SHORT_S = 0.2
