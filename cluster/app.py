@@ -213,6 +213,7 @@ def replica_pool(config: AppConfig, model: ModelSettings, generation: str) -> se
         model.name,
         config.direct_dispatch,
         sla,
+        config.graceful_shutdown_s,
     )
 
 

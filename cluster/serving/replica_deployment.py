@@ -40,7 +40,9 @@ from replica import EngineConfig, EngineError, InvalidRequestError, RequestOutpu
 log = logging.getLogger(__name__)
 
 SUMMARY_EVERY_S = 0.5  # the routers' stats period (cluster.app.ROUTING_STATS_PERIOD_S)
-DIRECT_DRAIN_S = 60.0  # a stopping replica's wait for directly sent requests (Serve's cap still holds)
+# A stopping replica's wait for directly sent requests when no bound is given; the app passes its
+# graceful_shutdown_s, Serve's own cap on the stop, so a drain never ends before Serve would kill it.
+DIRECT_DRAIN_S = 60.0
 
 
 class ReplicaServer:
@@ -54,12 +56,14 @@ class ReplicaServer:
         model: str = "",
         direct_dispatch: bool = False,
         sla_autoscaling: bool = False,
+        drain_s: float = DIRECT_DRAIN_S,
     ) -> None:
         """``generation``: the app deployment's id; with it the replica publishes its load every
         second (``cluster/serving/replica_board.py``). ``model``: the served name, in every load.
         ``direct_dispatch``: routers also send requests on connections of their own
         (``submit_server.py``); the address and key are published with the load. ``sla_autoscaling``:
-        the SLA policy reads this replica's hook (``sla_replica_stats.py``)."""
+        the SLA policy reads this replica's hook (``sla_replica_stats.py``). ``drain_s``: how long a
+        stopping replica waits for its direct streams (the deployment's ``graceful_shutdown_timeout_s``)."""
         from replica.engine import Engine  # here: torch loads in replica processes, never in routers
 
         loading = time.monotonic()
@@ -76,6 +80,7 @@ class ReplicaServer:
         self._model = model
         self._started = time.monotonic()
         self._generation = generation
+        self._drain_s = drain_s
         self._summary: dict[str, Any] | None = None
         self._summary_at: float | None = None
         self._publisher: asyncio.Task | None = None
@@ -285,7 +290,7 @@ class ReplicaServer:
         # A replica whose __init__ failed partway is destroyed too: stop only what it had made.
         submit, channels = getattr(self, "_submit", None), getattr(self, "_channels", None)
         if submit is not None:
-            await submit.drain(DIRECT_DRAIN_S)
+            await submit.drain(getattr(self, "_drain_s", DIRECT_DRAIN_S))
             await submit.stop()
         if channels is not None:
             await channels.close()

@@ -4,8 +4,14 @@
   the horizon (``start_time_s + horizon_s``, so the new replica's start is inside it): the smallest
   count, up to the bound, at which every class keeps its goal for the arrivals after that start
   (what a replica asked for now can change). If no count does within the horizon, the count that
-  catches up (``sla_predict.catch_up``). If the misses all come before a start, hold: no replica
-  asked for now would serve them.
+  catches up (``sla_predict.catch_up``), where it is more than the current one or some count
+  predicts better. If the misses all come before a start, hold: no replica asked for now would
+  serve them.
+* **Useless** replicas go even while a class misses: when the up rule asks for no more than are
+  running, one fewer is let go while it still serves the load (no fewer than ``catch_up``) and its
+  prediction (rates raised as for a down) is no worse in any way (every class's attainment, the
+  TPOT, each class's TTFT past its target). A miss that no count changes (a TPOT the replicas' own
+  speed sets) does not hold replicas at the bound.
 * **Down** one replica at a time while every class keeps its goal with one fewer, its arrival rates
   raised by ``down_headroom``, never below the window's mean, and a falling trend not extended (so a
   count does not drop at the edge of what it needs, or on a fall that levels off): to the fewest
@@ -77,7 +83,8 @@ def decide(
         return Decision(cfg.min_replicas, current, "up to min_replicas", most, (now,))
     if not meets(now, classes):
         catch = catch_up(classes, pool, shape, horizon, cfg.scale_for_over_share)
-        return _up(classes, current, most, now, at, pool, catch)
+        up = _up(classes, current, most, now, at, pool, catch)
+        return up if up.desired > current else _shed_useless(classes, current, up, at, cfg, catch)
     if current > cfg.min_replicas:
         return _down(classes, current, most, now, at, cfg)
     return Decision(current, current, "hold: every class keeps its goal at min_replicas", most, (now,))
@@ -102,9 +109,14 @@ def _up(classes, current: int, most: int, now: Prediction, at, pool: PoolState, 
                 most,
                 tuple(tried),
             )
+    if catch <= current and all(_no_worse(now, p, classes) for p in tried[1:]):  # none would help
+        return Decision(
+            current, current, f"hold: {said}; no count up to {most} predicts better", most, tuple(tried)
+        )
     n = min(most, max(current + 1, catch))
+    verb = "up" if n > current else "hold at the bound"  # the catch-up asks for more than it may
     return Decision(
-        n, current, f"up: {said}; no count up to {most} keeps it: {n} catch up", most, tuple(tried)
+        n, current, f"{verb}: {said}; no count up to {most} keeps it: {n} catch up", most, tuple(tried)
     )
 
 
@@ -124,6 +136,38 @@ def _down(classes, current: int, most: int, now: Prediction, at, cfg: SlaPolicyC
     short, name = worst(tried[-1], classes)
     reason = f"hold: with one fewer {name} would fall {short:.3f} below its goal"
     return Decision(current, current, reason, most, tuple(tried))
+
+
+def _shed_useless(classes, current: int, held: Decision, at, cfg: SlaPolicyConfig, catch: int) -> Decision:
+    """Down from ``current`` while one fewer replica still serves the load (``catch``, the count
+    that catches up) and predicts no worse than ``current`` does; else the up rule's ``held``."""
+    now, raised = held.predictions[0], [_raised(c, cfg.down_headroom) for c in classes]
+    tried, n = list(held.predictions), current
+    while n > max(cfg.min_replicas, catch):
+        fewer = at(n - 1, raised)
+        if not _no_worse(fewer, now, classes):
+            break
+        tried.append(fewer)
+        n -= 1
+    if n == current:
+        return held
+    _, name = worst(now, classes)
+    said = f"{name} predicted {now.attainment[name]:.3f} < goal {_goal(classes, name):g} at {current}"
+    reason = f"down: {said}, and {n} predict no worse: the replicas let go bought nothing"
+    return Decision(n, current, reason, held.bound, tuple(tried))
+
+
+def _no_worse(fewer: Prediction, now: Prediction, classes: Sequence[ClassLoad]) -> bool:
+    """``fewer`` predicts every class's attainment, the TPOT and each class's TTFT past its target
+    no worse than ``now``."""
+    if fewer.tpot_s > now.tpot_s * (1 + 1e-6):
+        return False
+    for c in classes:
+        if fewer.attainment[c.name] < now.attainment[c.name] - 1e-9:
+            return False
+        if fewer.ttft_s[c.name] > max(now.ttft_s[c.name], c.ttft_target_s) + 1e-9:
+            return False
+    return True
 
 
 def _goal(classes: Sequence[ClassLoad], name: str) -> float:

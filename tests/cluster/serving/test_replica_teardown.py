@@ -31,3 +31,26 @@ def test_a_replica_torn_down_after_its_engine_started_stops_it() -> None:
     asyncio.run(replica.__del__())
     assert replica._engine.calls == ["stop"]
     assert replica._channels.calls == ["close"]
+
+
+class DirectStreams:
+    """A submit server whose streams outlast any fixed wait: records how long the replica waited."""
+
+    def __init__(self) -> None:
+        self.waited: list[float] = []
+        self.stopped = False
+
+    async def drain(self, timeout_s: float) -> None:
+        self.waited.append(timeout_s)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_stopping_replica_waits_for_its_direct_streams_as_long_as_serve_lets_it() -> None:
+    # Serve's graceful bound covers the longest answer (minutes on a slow box); a shorter fixed wait
+    # cut the streams still running with a ConnectionError before Serve would have stopped them.
+    replica = ReplicaServer.__new__(ReplicaServer)
+    replica._submit, replica._drain_s = DirectStreams(), 830.0
+    asyncio.run(replica.__del__())
+    assert replica._submit.waited == [830.0] and replica._submit.stopped

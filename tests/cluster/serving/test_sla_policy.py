@@ -142,3 +142,19 @@ def test_a_tpot_over_the_target_misses_the_class() -> None:
     tight = ClassLoad("interactive", 0, 1.0, 0.004, 0.99, work(rate=1.0))  # 4 ms: below the 4.9 ms step
     p = predict([tight], pool(2), SHAPE, 2, horizon_s=30.0)
     assert p.attainment["interactive"] == 0.0 and p.tpot_s > 0.004
+
+
+def test_a_miss_no_count_changes_neither_adds_nor_holds_replicas() -> None:
+    # A TPOT target under one step at a batch of one: every count misses alike. The policy asked for
+    # one more replica at every decision and then held the bound (seen on a loaded 2-core box, where
+    # the replicas' own speed set the TPOT): replicas that buy nothing are not bought, and go.
+    tight = [ClassLoad("interactive", 0, 1.0, 0.004, 0.99, work(rate=0.2))]
+    held = decide(tight, pool(2), SHAPE, CFG)
+    assert held.desired == 1 and held.reason.startswith("down") and "bought nothing" in held.reason
+    assert decide(tight, pool(1), SHAPE, CFG).desired == 1
+    # where the miss is a queue, one fewer predicts worse: the bound is held, never shed
+    surge = [interactive(work(rate=40 * PER_REPLICA, waiting=100))]
+    at_bound = decide(surge, pool(8), SHAPE, CFG)
+    assert at_bound.desired == 8 and at_bound.reason.startswith("hold")
+    # and where more replicas predict better, the catch-up still scales up
+    assert decide(surge, pool(2), SHAPE, CFG).desired == 8
