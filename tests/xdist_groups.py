@@ -1,11 +1,13 @@
 """Pytest plugin: the work units of a pytest-xdist run (``python -m pytest -n 2 --dist loadgroup``).
 
-Every module with a test that needs Ray (a fixture of the session's shared Ray + Serve, or an
-``own_ray`` test) is in ONE unit, so one worker runs all of them in collection order with one Ray,
-as a plain run does. Every other module is a unit of its own, run whole on one worker (its module
-fixtures load once) by whichever worker is free. Not the default yet: the Ray unit alone is ~23 of
-the suite's ~36 minutes, and on the 24 GB box, with other work beside it, Ray's memory monitor once
-killed a router mid-test (BENCHMARKS.md, issue 43).
+Every module with a test that needs the session's shared Ray + Serve is in ONE unit, so one worker
+runs all of them in collection order with one Ray, as a plain run does. It is the run's longest unit
+(about 1,100 of the suite's 2,300 test-seconds under two workers), so it is sent first and the other
+worker takes everything else meanwhile. A module of ``own_ray`` tests (a ``fairlane`` process
+starting a Ray of its own, with a private temp dir and no RAY_ADDRESS: nothing to find or join) is a
+unit of its own, sent next: the other worker runs it beside the shared Ray, as the bench smoke runs'
+subprocess Rays already do (a plain run keeps them first, one Ray at a time). Every other module is
+a unit of its own, run whole on one worker (its module fixtures load once) by whichever is free.
 
 The controller does not collect, so it cannot see fixtures: each worker writes the module -> unit
 map it computed to a file the controller named, and the controller's scheduler reads it once the
@@ -31,20 +33,32 @@ GROUPS_KEY = "fairlane_unit_file"
 _DIR = pytest.StashKey[str]()
 
 
-def needs_ray(item: pytest.Item) -> bool:
-    return item.get_closest_marker("own_ray") is not None or not RAY_FIXTURES.isdisjoint(item.fixturenames)
+def needs_shared_ray(item: pytest.Item) -> bool:
+    return not RAY_FIXTURES.isdisjoint(item.fixturenames)
 
 
 def module_units(items: list[pytest.Item]) -> dict[str, str]:
-    """Each module's unit: ``ray`` when any of its tests needs Ray, else the module itself."""
+    """Each module's unit: ``ray`` when any of its tests needs the shared Ray, else the module."""
     units: dict[str, str] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        if needs_ray(item):
+        if needs_shared_ray(item):
             units[module] = RAY_UNIT
         else:
             units.setdefault(module, module)
     return units
+
+
+def send_order(items: list[pytest.Item], units: dict[str, str]) -> list[pytest.Item]:
+    """The shared-Ray unit's tests first (the critical path), then the own-Ray modules' (the next
+    longest), then the rest; collection order within each (xdist sends units in first-seen order)."""
+    own = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("own_ray")}
+
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::", 1)[0]
+        return 0 if units[module] == RAY_UNIT else 1 if module in own else 2
+
+    return sorted(items, key=rank)  # stable
 
 
 def _unit_file(config: pytest.Config) -> Path:
@@ -58,8 +72,10 @@ def _unit_file(config: pytest.Config) -> Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     target = getattr(config, "workerinput", {}).get(GROUPS_KEY)
     if target:  # a worker: every worker collects the same items and writes the same map
+        units = module_units(items)
+        items[:] = send_order(items, units)
         scratch = f"{target}.{os.getpid()}"
-        Path(scratch).write_text(json.dumps(module_units(items)))
+        Path(scratch).write_text(json.dumps(units))
         os.replace(scratch, target)  # whole, never half-written
 
 
@@ -75,8 +91,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleUnitScheduling(LoadScopeScheduling):
-        """xdist's per-scope scheduling with this plugin's units as the scopes, sent in collection
-        order (the Ray unit, holding the first test, goes first)."""
+        """xdist's per-scope scheduling with this plugin's units as the scopes, sent in the workers'
+        order (``send_order``: the shared-Ray unit first). A worker is given its next unit only when
+        two of its tests are left, so the shared-Ray worker takes no other until its unit ends."""
 
         units: dict[str, str] | None = None
 
