@@ -2,12 +2,13 @@
 
 Every module with a test that needs the session's shared Ray + Serve is in ONE unit, so one worker
 runs all of them in collection order with one Ray, as a plain run does. It is the run's longest unit
-(about 1,100 of the suite's 2,300 test-seconds under two workers), so it is sent first and the other
-worker takes everything else meanwhile. A module of ``own_ray`` tests (a ``fairlane`` process
-starting a Ray of its own, with a private temp dir and no RAY_ADDRESS: nothing to find or join) is a
-unit of its own, sent next: the other worker runs it beside the shared Ray, as the bench smoke runs'
-subprocess Rays already do (a plain run keeps them first, one Ray at a time). Every other module is
-a unit of its own, run whole on one worker (its module fixtures load once) by whichever is free.
+(about 1,400 of the suite's 2,400 test-seconds under two workers, cpu_test_suite_dec06.json in
+docs/bench), so it is sent first and the other worker takes everything else meanwhile. A module of
+``own_ray`` tests (a ``fairlane`` process starting a Ray of its own, with a private temp dir and no
+RAY_ADDRESS: nothing to find or join) is a unit of its own, sent next: the other worker runs it
+beside the shared Ray, as the bench smoke runs' subprocess Rays already do (a plain run keeps them
+first, one Ray at a time). Every other module is a unit of its own, run whole on one worker (its
+module fixtures load once) by whichever is free.
 
 The controller does not collect, so it cannot see fixtures: each worker writes the module -> unit
 map it computed to a file the controller named, and the controller's scheduler reads it once the
