@@ -1,7 +1,6 @@
 """Shared fixtures. Fixture modules live beside this file and are loaded as plugins."""
 
 import ctypes
-import ctypes.util
 import gc
 from collections.abc import Iterator
 
@@ -16,17 +15,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that start a Ray of their own run first, before the session's shared Ray exists: not
-    two Rays' workers on the box at once, and nothing for their subprocess to find and join."""
+    """In one process, tests that start a Ray of their own run first, before the session's shared Ray
+    exists: not two Rays' workers on the box at once. (Under the README's two workers the order units
+    are sent in is tests/xdist_groups.py's, which puts them beside the shared Ray instead.)"""
     items.sort(key=lambda item: 0 if item.get_closest_marker("own_ray") else 1)  # stable otherwise
 
 
-def _libc_malloc_trim() -> None:
-    """Hand the heap's free pages back to the system (glibc only; elsewhere nothing)."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+# glibc's malloc_trim, from the symbols this process already has; None elsewhere (macOS, musl).
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -39,4 +35,5 @@ def return_freed_memory() -> Iterator[None]:
     monitor's 95%."""
     yield
     gc.collect()
-    _libc_malloc_trim()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)

@@ -34,6 +34,10 @@ GROUPS_KEY = "fairlane_unit_file"
 _DIR = pytest.StashKey[str]()
 
 
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def needs_shared_ray(item: pytest.Item) -> bool:
     return not RAY_FIXTURES.isdisjoint(item.fixturenames)
 
@@ -42,7 +46,7 @@ def module_units(items: list[pytest.Item]) -> dict[str, str]:
     """Each module's unit: ``ray`` when any of its tests needs the shared Ray, else the module."""
     units: dict[str, str] = {}
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
+        module = _module(item)
         if needs_shared_ray(item):
             units[module] = RAY_UNIT
         else:
@@ -53,10 +57,10 @@ def module_units(items: list[pytest.Item]) -> dict[str, str]:
 def send_order(items: list[pytest.Item], units: dict[str, str]) -> list[pytest.Item]:
     """The shared-Ray unit's tests first (the critical path), then the own-Ray modules' (the next
     longest), then the rest; collection order within each (xdist sends units in first-seen order)."""
-    own = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("own_ray")}
+    own = {_module(item) for item in items if item.get_closest_marker("own_ray")}
 
     def rank(item: pytest.Item) -> int:
-        module = item.nodeid.split("::", 1)[0]
+        module = _module(item)
         return 0 if units[module] == RAY_UNIT else 1 if module in own else 2
 
     return sorted(items, key=rank)  # stable
