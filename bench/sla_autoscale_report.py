@@ -113,6 +113,15 @@ def error_summary(rows: Sequence[dict]) -> dict:
     }
 
 
+def error_by_phase(rows: Sequence[dict], phases: dict[str, tuple[float, float]]) -> dict[str, dict]:
+    """``error_summary`` of the decisions made in each phase: a decision before a burst is judged on
+    a horizon the burst falls in, which no trend it could see foretold."""
+    return {
+        name: error_summary([r for r in rows if t0 <= r["decided_at"] < t1])
+        for name, (t0, t1) in phases.items()
+    }
+
+
 def count_changes(made: Sequence[dict]) -> list[dict]:
     """The decisions that moved the count: when, from what, to what, and why. Serve's delay makes the
     policy repeat a change until it applies; only the first of such a run is kept."""

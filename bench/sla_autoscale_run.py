@@ -9,10 +9,12 @@ to start and how far its predictions were from what the clients then saw.
 The default deployment (local Ray, HAProxy edge, direct dispatch), `autoscaling.policy: sla` with
 its step model for the shape, random weights and the synthetic tokenizer. Load (open loop, Poisson,
 the sampling mix without JSON schemas, bundled chat prompts, 32–128 answer tokens): alice
-(interactive) at 0.4 of one replica's modelled capacity all along; dave (interactive) adds 2.0 of it
-for the burst in the middle. A thread samples `/admin/state` (the decision, the replicas' loads with
-their measured start) and Serve's replica states every half second. After the load the run waits
-for the count to come back down. JSON: OUT/results.json; the table: OUT/table.txt.
+(interactive) at 0.4 of one replica's capacity all along; dave (interactive) adds 2.0 of it for the
+burst in the middle. That capacity is measured first (``probe``: one replica's batch kept full for
+16 s), since the step model prices the whole card it was fitted on, not a slice of this one. A
+thread samples `/admin/state` (the decision, the replicas' loads with their measured start) and
+Serve's replica states every half second. After the load the run waits for the count to come back
+down. JSON: OUT/results.json; the table: OUT/table.txt.
 """
 
 from __future__ import annotations
@@ -86,6 +88,32 @@ def capacity_rps(p: Profile, prompt_tokens: float) -> float:
     """One replica's requests per second by the policy's own step model (full batch)."""
     shape = shape_of(p.step_model, p.max_num_seqs, 0.9)
     return 1.0 / shape.request_s(prompt_tokens, sum(p.output) / 2)
+
+
+PROBE_S = (4.0, 16.0)  # warm-up, then measured
+
+
+def probe(p: Profile) -> Scenario:
+    """One replica's full batch, kept full (closed loop, ``max_num_seqs`` in flight: no queue, so the
+    policy sees no miss to scale on), with the run's answer lengths and sampling."""
+    return Scenario.model_validate(
+        {
+            "name": "sla-capacity-probe", "model": p.model, "duration_s": sum(PROBE_S),
+            "warmup_s": PROBE_S[0], "seed": 45, "sampling": "mix_without_schemas",
+            "client_procs": 1, "request_timeout_s": 120.0,
+            "tenants": [{
+                "id": "alice", "api_key": "sk-fairlane-alice", "sla_class": "interactive", "weight": 2.0,
+                "concurrency": p.max_num_seqs,
+                "output": {"kind": "uniform", "min": p.output[0], "max": p.output[1]},
+            }],
+        }
+    )  # fmt: skip
+
+
+def measured_rps(records: list) -> float:
+    """Requests one replica finished per second over the probe's measured part."""
+    done = [r for r in records if r.ok and not r.warmup]
+    return len(done) / PROBE_S[1]
 
 
 def scenario(p: Profile, one_replica_rps: float) -> Scenario:
@@ -220,14 +248,19 @@ def run(args: argparse.Namespace) -> dict:
     cfg = load_app_config(None, config)
     deployment = cfg.deployments[cfg.served_models[0].name]
     prompt_tokens = mean_prompt_tokens(scenario(p, 1.0))
-    rps = capacity_rps(p, prompt_tokens)
-    sc = scenario(p, rps)
+    modelled = capacity_rps(p, prompt_tokens)
     targets = {c.name: c for c in load_tenancy_config(TENANCY).sla_classes}
-    out: dict = {"machine": machine(), "profile": p.__dict__, "app": config, "one_replica_rps": rps}
-    out["scenario"] = sc.model_dump()
+    out: dict = {"machine": machine(), "profile": p.__dict__, "app": config, "modelled_replica_rps": modelled}
     with local_cluster(cfg) as url:
         warm_up(url, p.model, 1)
         with Sampler(url, p.model, deployment) as sampler:
+            # The burst is sized by what one replica serves here, measured: the step model's figure
+            # is the whole card it was fitted on, not a slice of this one.
+            rps = measured_rps(run_scenario(probe(p), url).records)
+            out["one_replica_rps"] = rps
+            out["probe_back_to_one_s"] = wait_back_down(sampler, args.down_wait_s)
+            sc = scenario(p, rps)
+            out["scenario"] = sc.model_dump()
             result = run_scenario(sc, url)
             save(args.out, "partial_load.json", out | {"records": [asdict(r) for r in result.records]})
             out["back_to_one_after_load_s"] = wait_back_down(sampler, args.down_wait_s)
@@ -245,7 +278,9 @@ def run(args: argparse.Namespace) -> dict:
         "after": (t0 + before + burst, t0 + before + burst + after),
     }
     changes = report.count_changes(made)
-    rows = report.prediction_errors(made, seen, "interactive", p.start_time_s, 10.0)
+    # the probe's decisions are judged on nothing: its requests are not the run's
+    judged = [d for d in made if d["decided_at"] >= t0]
+    rows = report.prediction_errors(judged, seen, "interactive", p.start_time_s, 10.0)
     out |= {
         "started_wall": t0,
         "requests": len(result.records),
@@ -260,6 +295,7 @@ def run(args: argparse.Namespace) -> dict:
         "scale_up_waits": report.scale_up_waits(changes, report.running_timeline(samples)),
         "replica_starts": {r: v for s in samples for r, v in (s.get("starts") or {}).items()},
         "prediction_error": report.error_summary(rows),
+        "prediction_error_by_phase": report.error_by_phase(rows, phases),
         "prediction_rows": rows,
         "decisions": made,
         "samples": samples,
@@ -271,7 +307,10 @@ def table(res: dict) -> str:
     t0 = res["started_wall"]
     counts = f"{res['requests']} requests, {res['ok']} ok, {res['cut']} cut, {res['rejected']} refused"
     counts += f" ({res['statuses']})"
-    lines = [f"one replica ~{res['one_replica_rps']:.1f} req/s by the step model; {counts}"]
+    lines = [
+        f"one replica serves {res['one_replica_rps']:.1f} req/s measured "
+        f"({res['modelled_replica_rps']:.1f} by the step model); {counts}"
+    ]
     for name, a in res["attainment"].items():
         lines.append(f"interactive attainment {name}: {a['attainment']} over {a['requests']}")
     for c in res["count_changes"]:
@@ -282,6 +321,8 @@ def table(res: dict) -> str:
         lines.append(f"replica {r}: start {v['start_s']} s (engine load + graphs {v['load_s']} s)")
     lines.append(f"back to 1 replica {res['back_to_one_after_load_s']} s after the load")
     lines.append(f"prediction error (interactive): {res['prediction_error']}")
+    for name, e in res["prediction_error_by_phase"].items():
+        lines.append(f"  decided {name} the burst: {e}")
     lines.append(f"cold start: {res['cold_start']}")
     return "\n".join(lines)
 

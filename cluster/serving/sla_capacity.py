@@ -70,22 +70,27 @@ class ReplicaShape:
     # The share of the step model's throughput the prediction counts on: arrivals are not a fluid,
     # and a replica near its full rate queues them in bursts.
     utilization: float = 1.0
+    # The replicas' measured step time over the model's (``sla_predict.slowdown``): a step model
+    # fitted on a whole H200 prices a replica on a slice of another card, or a loaded CPU box, as it
+    # is, not as the fit's machine ran it.
+    slowdown: float = 1.0
 
     def request_s(self, prompt: float, output: float) -> float:
         """Replica-seconds one request takes at a full batch (its decode share and its prefill), over
         the usable share of the replica."""
         b = max(1, self.batch)
         step_ms = self.step.step_ms(b, 0, int(b * (prompt + output / 2)))
-        return (max(output, 1.0) * step_ms / b + self.step.c * prompt) / 1000.0 / self.utilization
+        ms = max(output, 1.0) * step_ms / b + self.step.c * prompt
+        return ms * self.slowdown / 1000.0 / self.utilization
 
     def first_token_s(self, prompt: float) -> float:
         """A request's own part of its TTFT once it reaches a replica: one step with its prefill."""
-        return (self.step.a + self.step.c * prompt) / 1000.0
+        return (self.step.a + self.step.c * prompt) * self.slowdown / 1000.0
 
     def tpot_s(self, batch: float, context: float) -> float:
         """Seconds per output token at ``batch`` running sequences of ``context`` tokens each."""
         b = max(1, round(batch))
-        return self.step.step_ms(b, 0, int(b * context)) / 1000.0
+        return self.step.step_ms(b, 0, int(b * context)) * self.slowdown / 1000.0
 
     def work_tokens_per_s(self, prompt: float, output: float) -> float:
         """Fair-share work (prompt + 2 × output, the fair queue's charge) one replica serves per second."""

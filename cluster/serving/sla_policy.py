@@ -1,5 +1,7 @@
 """The SLA autoscaling decision: pure functions over ``sla_signals``, no Ray.
 
+* **Speed**: the step model's times are scaled by the replicas' measured TPOT over the model's
+  (``sla_predict.slowdown``, published with the decision), so capacity is what the replicas serve.
 * **Up** when a class with within-share work is predicted below its goal at the current count over
   the horizon (``start_time_s + horizon_s``, so the new replica's start is inside it): the smallest
   count, up to the bound, at which every class keeps its goal for the arrivals after that start
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from cluster.serving.sla_capacity import ReplicaShape
-from cluster.serving.sla_predict import catch_up, predict
+from cluster.serving.sla_predict import catch_up, predict, slowdown
 from cluster.serving.sla_signals import ClassLoad, Decision, PoolState, Prediction, Work
 
 
@@ -70,6 +72,19 @@ def decide(
 ) -> Decision:
     current, most = pool.ready + pool.starting, bound(cfg)
     horizon = pool.start_time_s + cfg.horizon_s
+    shape = replace(shape, slowdown=slowdown(classes, pool, shape))  # the replicas' own speed
+    return replace(_decide(classes, pool, shape, cfg, current, most, horizon), slowdown=shape.slowdown)
+
+
+def _decide(
+    classes: Sequence[ClassLoad],
+    pool: PoolState,
+    shape: ReplicaShape,
+    cfg: SlaPolicyConfig,
+    current: int,
+    most: int,
+    horizon: float,
+) -> Decision:
 
     def at(n: int, cls: Sequence[ClassLoad] = classes) -> Prediction:
         return predict(cls, pool, shape, n, horizon, cfg.scale_for_over_share)

@@ -15,8 +15,11 @@ A fluid model of the router's priority queue, per class ``k``:
 * A waiting request at position ``x`` of ``Q_k(0)`` is served once the leftover capacity covers
   ``Q_hi(0) + x``: the share of waiting requests meeting the target is read off that curve.
 * TPOT: the step time at the batch the replicas would run (``(running + waiting) / n``, at most the
-  full batch), scaled by the measured TPOT over the model's TPOT now. Over the class's target, every
-  request of the class misses.
+  full batch), scaled by the class's measured TPOT over the model's TPOT now. Over the class's
+  target, every request of the class misses.
+* Speed: before any of this, every step time of the model is scaled by ``slowdown`` (the replicas'
+  measured TPOT over the model's, across classes), so the capacity and the first step are the
+  replicas' own, not those of the machine the step model was fitted on.
 
 Attainment = (waiting requests + arrivals over the horizon that meet TTFT and TPOT) / (all of them);
 a class with no work predicts 1. ``late``: the same over the arrivals from one start time on, the
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from cluster.serving.sla_capacity import ReplicaShape
 from cluster.serving.sla_signals import ClassLoad, PoolState, Prediction, Work
@@ -214,6 +218,26 @@ def _tpot(classes: Sequence[ClassLoad], pool: PoolState, shape: ReplicaShape, n:
     total = sum(r for r, _ in rates)
     context = sum(r * ctx for r, ctx in rates) / total if total > 0 else 0.0
     return shape.tpot_s(batch, context)
+
+
+SLOWDOWN_BOUNDS = (0.5, 20.0)  # a measured median far outside is noise, not the replicas' speed
+
+
+def slowdown(classes: Sequence[ClassLoad], pool: PoolState, shape: ReplicaShape) -> float:
+    """The replicas' measured TPOT over the step model's at the batch they run now (the classes'
+    medians, weighted by their arrival rates; 1 while none is measured), within ``SLOWDOWN_BOUNDS``.
+
+    Every time the prediction reads off the model (capacity, first step, TPOT) is scaled by it:
+    calibrating the TPOT alone left a replica on 0.3 of an H100, priced by the whole-H200 fit, at
+    several times the requests per second it served (the policy's attainment optimistic by 0.53)."""
+    measured = [(c, c.measured_tpot_s) for c in classes if c.measured_tpot_s and c.measured_tpot_s > 0]
+    modelled = _tpot(classes, pool, replace(shape, slowdown=1.0), pool.ready)
+    if not measured or modelled <= 0:
+        return 1.0
+    weights = [max(c.within.rate_rps + c.over.rate_rps, EPS) for c, _ in measured]
+    tpot = sum(w * t for w, (_, t) in zip(weights, measured, strict=True)) / sum(weights)
+    low, high = SLOWDOWN_BOUNDS
+    return min(high, max(low, tpot / modelled))
 
 
 def _tpot_calibration(c: ClassLoad, tpot_now: float) -> float:

@@ -94,6 +94,7 @@ class Decision:
     reason: str
     bound: int  # the most replicas allowed (max_replicas, and the cost ceiling)
     predictions: tuple[Prediction, ...]
+    slowdown: float = 1.0  # the replicas' measured step time over the step model's (sla_predict)
 
     def as_dict(self) -> dict:
         return {
@@ -101,6 +102,7 @@ class Decision:
             "current": self.current,
             "reason": self.reason,
             "bound": self.bound,
+            "slowdown": self.slowdown,
             "predictions": [
                 {
                     "replicas": p.replicas,

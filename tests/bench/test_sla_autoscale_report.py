@@ -47,6 +47,11 @@ def test_each_decision_is_judged_on_the_arrivals_of_its_horizon_at_the_count_it_
     assert [(r["predicted"], r["observed"], r["requests"]) for r in rows] == [(0.9, 0.5, 100), (0.4, 0.0, 50)]
     summary = report.error_summary(rows)
     assert summary["mean_abs_error"] == pytest.approx(0.4) and summary["mean_error"] == pytest.approx(0.4)
+    # split by the phase each decision was made in (the first before the change, the second at it)
+    by_phase = report.error_by_phase(rows, {"before": (1000.0, 1005.0), "burst": (1005.0, 1010.0)})
+    assert by_phase["before"]["mean_error"] == pytest.approx(0.4) and by_phase["before"]["decisions"] == 1
+    assert by_phase["burst"]["mean_error"] == pytest.approx(0.4) and by_phase["burst"]["decisions"] == 1
+    assert report.error_by_phase(rows, {"after": (2000.0, 2010.0)})["after"]["decisions"] == 0
 
 
 def test_a_change_seen_only_as_last_change_counts_and_a_repeated_one_counts_once() -> None:

@@ -158,3 +158,23 @@ def test_a_miss_no_count_changes_neither_adds_nor_holds_replicas() -> None:
     assert at_bound.desired == 8 and at_bound.reason.startswith("hold")
     # and where more replicas predict better, the catch-up still scales up
     assert decide(surge, pool(2), SHAPE, CFG).desired == 8
+
+
+def test_replicas_slower_than_the_step_model_are_priced_at_their_measured_speed() -> None:
+    # 0.7 of a modelled replica's rate: one replica keeps the goal at the model's speed. Replicas
+    # measured at 3× the model's TPOT (a slice of a smaller card) serve a third of it: one is not
+    # enough, and the count that serves it is what the policy asks for.
+    load = work(rate=0.7 * PER_REPLICA)
+    modelled_tpot = predict([interactive(load)], pool(1), SHAPE, 1, horizon_s=10.0).tpot_s
+    as_fitted = ClassLoad("interactive", 0, 1.0, 0.5, 0.99, load, measured_tpot_s=modelled_tpot)
+    slow = ClassLoad("interactive", 0, 1.0, 0.5, 0.99, load, measured_tpot_s=3 * modelled_tpot)
+    held = decide([as_fitted], pool(1), SHAPE, CFG)
+    assert held.desired == 1 and held.slowdown == pytest.approx(1.0)
+    up = decide([slow], pool(1), SHAPE, CFG)
+    assert up.slowdown == pytest.approx(3.0) and up.reason.startswith("up")
+    assert up.desired >= 3  # 2.1 modelled replicas of work at the measured speed
+    assert up.as_dict()["slowdown"] == pytest.approx(3.0)  # published with the decision
+    # unmeasured classes leave the model as it is; a wild median is bounded
+    assert decide([interactive(load)], pool(1), SHAPE, CFG).slowdown == 1.0
+    wild = ClassLoad("interactive", 0, 1.0, 0.5, 0.99, load, measured_tpot_s=1e3 * modelled_tpot)
+    assert decide([wild], pool(1), SHAPE, CFG).slowdown == 20.0
