@@ -385,5 +385,9 @@ class Engine:
     def stats(self) -> EngineStats:
         return self.core.stats if self.core else EngineStats(mode=self.mode)
 
+    def step_pace(self, window_s: float = 10.0) -> dict[str, float]:
+        """The recent back-to-back steps' sums (replica/profiler.py ``step_pace``)."""
+        return self.core.profiler.pace(window_s) if self.core else {}
+
     def profile_summary(self) -> dict:
         return self.core.profiler.summary() if self.core else {}

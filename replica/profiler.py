@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections import deque
@@ -51,6 +52,27 @@ def busy_fraction(records: list[StepRecord]) -> float | None:
     return busy / (busy + idle) if busy + idle > 0 else None
 
 
+PACE_FIELDS = ("steps", "decode_rows", "prefill_tokens", "context_tokens", "period_s")
+BACK_TO_BACK_IDLE_MS = 1.0  # a step the loop waited longer for work before is not paced
+
+
+def step_pace(records: list[StepRecord], since: float) -> dict[str, float]:
+    """Sums over the steps after ``since`` that ran back to back (the loop did not wait for work
+    before them): how many, their decode rows, prefill and context tokens, and the seconds from the
+    step before each to it. Over a linear step model these sums price the same steps the replica
+    ran (``cluster/serving/sla_predict.slowdown``), so measured over modelled is like for like."""
+    sums = dict.fromkeys(PACE_FIELDS, 0.0)
+    for prev, r in itertools.pairwise(records):
+        if r.at < since or r.idle_ms > BACK_TO_BACK_IDLE_MS:
+            continue
+        sums["steps"] += 1
+        sums["decode_rows"] += r.num_tokens - r.num_prefill_tokens
+        sums["prefill_tokens"] += r.num_prefill_tokens
+        sums["context_tokens"] += r.context_tokens
+        sums["period_s"] += r.at - prev.at
+    return sums
+
+
 class StepProfiler:
     def __init__(self, history: int) -> None:
         self.records: deque[StepRecord] = deque(maxlen=history)
@@ -70,6 +92,18 @@ class StepProfiler:
             return 0.0
         span = max(now - recent[0].at, 1e-3)
         return sum(r.num_sampled for r in recent) / span
+
+    def pace(self, window_s: float = 10.0) -> dict[str, float]:
+        """``step_pace`` over the last ``window_s`` (read from another thread: a copy of the records)."""
+        for _ in range(3):
+            try:
+                records = list(self.records)
+                break
+            except RuntimeError:  # the loop appended while it was copied
+                continue
+        else:
+            return dict.fromkeys(PACE_FIELDS, 0.0)
+        return step_pace(records, time.monotonic() - window_s)
 
     def summary(self) -> dict:
         records = list(self.records)

@@ -164,6 +164,10 @@ class LedgerWriter:
         target = self.written + self.pending_rows + self.spill.waiting
         while await self.drain_step() and self.written < target:  # one step at least: it migrates
             pass
+        if self.spilling and self.written >= target:
+            # The spill is replayed: the step that leaves spill mode (its writes go direct again)
+            # belongs to this flush, not to whenever the drain task next runs.
+            await self.drain_step()
         await self.spool()
 
     async def _close(self, timeout_s: float) -> None:

@@ -210,12 +210,14 @@ class ReplicaServer:
 
     async def sla_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics under the SLA policy (``sla_metrics.py``): the routers'
-        class loads for this deployment, the engine's running + waiting requests, the start time."""
+        class loads for this deployment, the engine's running + waiting requests and its recent
+        steps' pace, the start time."""
         import ray.serve
 
         ctx = ray.serve.get_replica_context()
         s = self._engine.stats()
-        stats = await sla_stats(ctx.app_name, ctx.deployment, float(s.running + s.waiting), self._start_s)
+        running, pace = float(s.running + s.waiting), self._engine.step_pace()
+        stats = await sla_stats(ctx.app_name, ctx.deployment, running, self._start_s, pace)
         return stats | self.engine_requests()
 
     def engine_requests(self) -> dict[str, float]:

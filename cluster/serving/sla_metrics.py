@@ -4,16 +4,18 @@ Serve's ``record_autoscaling_stats`` hook returns numbers only, averaged per rep
 ``look_back_period_s``. A replica reports the routers' class loads for its model (the same on every
 replica: the policy averages them), its engine's running requests (summed) and its measured start
 time (the policy takes the slowest). Keys: ``sla:<class>:<field>``, ``sla:<class>:<within|over>:<work
-field>``, ``sla::batch``, ``sla::price``, ``replica:running``, ``replica:start_s``. SLA class names
-hold no ``:`` (tenancy's pattern).
+field>``, ``sla::batch``, ``sla::price``, ``replica:running``, ``replica:start_s``,
+``replica:pace:<StepPace field>`` (the engine's recent back-to-back steps, summed over replicas). SLA
+class names hold no ``:`` (tenancy's pattern).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
+from typing import Any
 
-from cluster.serving.sla_signals import ClassLoad, Work
+from cluster.serving.sla_signals import ClassLoad, StepPace, Work
 
 RUNNING = "replica:running"
 START_S = "replica:start_s"
@@ -21,6 +23,8 @@ BATCH = "sla::batch"
 PRICE = "sla::price"
 CLASS_FIELDS = ("tier", "ttft_target_s", "tpot_target_s", "goal", "measured_ttft_s", "measured_tpot_s")
 WORK_FIELDS = tuple(f.name for f in fields(Work))
+PACE_FIELDS = tuple(f.name for f in fields(StepPace))
+PACE = "replica:pace:"
 UNMEASURED = -1.0
 
 
@@ -70,9 +74,16 @@ def combine(payloads: Sequence[Mapping]) -> tuple[list[ClassLoad], float, float]
 
 
 def flatten(
-    classes: Sequence[ClassLoad], batch: float, price: float, running: float, start_s: float
+    classes: Sequence[ClassLoad],
+    batch: float,
+    price: float,
+    running: float,
+    start_s: float,
+    pace: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     out = {RUNNING: float(running), START_S: float(start_s), BATCH: float(batch), PRICE: float(price)}
+    for f in PACE_FIELDS:
+        out[PACE + f] = float((pace or {}).get(f, 0.0))
     for c in classes:
         d = asdict(c)
         for f in CLASS_FIELDS:
@@ -83,9 +94,10 @@ def flatten(
     return out
 
 
-def unflatten(metrics: Mapping[str, Mapping[object, float]]) -> tuple[list[ClassLoad], dict[str, float]]:
+def unflatten(metrics: Mapping[str, Mapping[object, float]]) -> tuple[list[ClassLoad], dict[str, Any]]:
     """The policy's side: per-replica values → the classes (averaged over replicas) and the pool's
-    figures (``running`` summed, ``start_s`` the largest, ``batch`` and ``price`` averaged)."""
+    figures (``running`` and ``pace`` summed, ``start_s`` the largest, ``batch`` and ``price``
+    averaged)."""
 
     def mean(key: str) -> float | None:
         values = list(metrics.get(key, {}).values())
@@ -114,7 +126,9 @@ def unflatten(metrics: Mapping[str, Mapping[object, float]]) -> tuple[list[Class
             )
         )
     starts = list(metrics.get(START_S, {}).values())
+    pace = StepPace(**{f: sum(metrics.get(PACE + f, {}).values()) for f in PACE_FIELDS})
     pool = {
+        "pace": pace,
         "running": sum(metrics.get(RUNNING, {}).values()),
         "start_s": max(starts) if starts else 0.0,
         "batch": mean(BATCH) or 0.0,

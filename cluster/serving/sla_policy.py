@@ -1,7 +1,8 @@
 """The SLA autoscaling decision: pure functions over ``sla_signals``, no Ray.
 
-* **Speed**: the step model's times are scaled by the replicas' measured TPOT over the model's
-  (``sla_predict.slowdown``, published with the decision), so capacity is what the replicas serve.
+* **Speed**: the step model's times are scaled by what the replicas' recent steps took over what it
+  prices them at (``sla_predict.slowdown``, published with the decision), so capacity is what the
+  replicas serve.
 * **Up** when a class with within-share work is predicted below its goal at the current count over
   the horizon (``start_time_s + horizon_s``, so the new replica's start is inside it): the smallest
   count, up to the bound, at which every class keeps its goal for the arrivals after that start
@@ -72,7 +73,7 @@ def decide(
 ) -> Decision:
     current, most = pool.ready + pool.starting, bound(cfg)
     horizon = pool.start_time_s + cfg.horizon_s
-    shape = replace(shape, slowdown=slowdown(classes, pool, shape))  # the replicas' own speed
+    shape = replace(shape, slowdown=slowdown(pool, shape))  # the replicas' own speed
     return replace(_decide(classes, pool, shape, cfg, current, most, horizon), slowdown=shape.slowdown)
 
 

@@ -17,9 +17,9 @@ A fluid model of the router's priority queue, per class ``k``:
 * TPOT: the step time at the batch the replicas would run (``(running + waiting) / n``, at most the
   full batch), scaled by the class's measured TPOT over the model's TPOT now. Over the class's
   target, every request of the class misses.
-* Speed: before any of this, every step time of the model is scaled by ``slowdown`` (the replicas'
-  measured TPOT over the model's, across classes), so the capacity and the first step are the
-  replicas' own, not those of the machine the step model was fitted on.
+* Speed: before any of this, every step time of the model is scaled by ``slowdown`` (what the
+  replicas' recent steps took over what the model prices the same steps at), so the capacity and
+  the first step are the replicas' own, not those of the machine the step model was fitted on.
 
 Attainment = (waiting requests + arrivals over the horizon that meet TTFT and TPOT) / (all of them);
 a class with no work predicts 1. ``late``: the same over the arrivals from one start time on, the
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from cluster.serving.sla_capacity import ReplicaShape
 from cluster.serving.sla_signals import ClassLoad, PoolState, Prediction, Work
@@ -220,24 +219,30 @@ def _tpot(classes: Sequence[ClassLoad], pool: PoolState, shape: ReplicaShape, n:
     return shape.tpot_s(batch, context)
 
 
-SLOWDOWN_BOUNDS = (0.5, 20.0)  # a measured median far outside is noise, not the replicas' speed
+SLOWDOWN_BOUNDS = (0.5, 20.0)  # a ratio far outside is a stall or noise, not the replicas' speed
+MIN_PACED_STEPS = 20  # fewer back-to-back steps say nothing yet: the model stands
 
 
-def slowdown(classes: Sequence[ClassLoad], pool: PoolState, shape: ReplicaShape) -> float:
-    """The replicas' measured TPOT over the step model's at the batch they run now (the classes'
-    medians, weighted by their arrival rates; 1 while none is measured), within ``SLOWDOWN_BOUNDS``.
+def slowdown(pool: PoolState, shape: ReplicaShape) -> float:
+    """The replicas' measured step time over the step model's, for the same steps: the seconds their
+    recent back-to-back steps took over what the model prices those steps at (the model is linear, so
+    the sums of their decode rows, prefill and context tokens price them exactly). 1 with too few
+    steps; within ``SLOWDOWN_BOUNDS``.
 
-    Every time the prediction reads off the model (capacity, first step, TPOT) is scaled by it:
-    calibrating the TPOT alone left a replica on 0.3 of an H100, priced by the whole-H200 fit, at
-    several times the requests per second it served (the policy's attainment optimistic by 0.53)."""
-    measured = [(c, c.measured_tpot_s) for c in classes if c.measured_tpot_s and c.measured_tpot_s > 0]
-    modelled = _tpot(classes, pool, replace(shape, slowdown=1.0), pool.ready)
-    if not measured or modelled <= 0:
+    Every time the prediction reads off the model (capacity, first step, TPOT) is scaled by it. The
+    model's TPOT alone, calibrated, had left a replica on 0.3 of an H100, priced by the whole-H200
+    fit, at several times the requests per second it served (the attainment it predicted was 0.53
+    above what the clients saw); a request's own TPOT is no measure of it (it carries the prefill
+    chunks of the steps it shared, at whatever batch ran then)."""
+    p = pool.pace
+    if p.steps < MIN_PACED_STEPS or p.period_s <= 0:
         return 1.0
-    weights = [max(c.within.rate_rps + c.over.rate_rps, EPS) for c, _ in measured]
-    tpot = sum(w * t for w, (_, t) in zip(weights, measured, strict=True)) / sum(weights)
+    n = p.steps
+    modelled_ms = n * shape.step.step_ms(p.decode_rows / n, p.prefill_tokens / n, p.context_tokens / n)
+    if modelled_ms <= 0:
+        return 1.0
     low, high = SLOWDOWN_BOUNDS
-    return min(high, max(low, tpot / modelled))
+    return min(high, max(low, p.period_s * 1000.0 / modelled_ms))
 
 
 def _tpot_calibration(c: ClassLoad, tpot_now: float) -> float:

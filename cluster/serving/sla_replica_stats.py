@@ -5,7 +5,8 @@ imports) to the engine serving (weights loaded, KV cache allocated, CUDA graphs 
 engine's own part (load + graph capture) beside it. Under ``autoscaling.policy: sla`` the hook
 (``ReplicaServer.sla_stats``, Serve's ``record_autoscaling_stats``) reads the routers' class loads
 for this deployment from the board and returns them flat (``sla_metrics.py``) with the engine's
-running requests and this start time.
+running requests, its recent steps' pace (what they took, for the policy's speed calibration) and
+this start time.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def measured_start(load_s: float) -> float:
     return age if load_s <= age <= load_s + REUSED_WORKER_S else load_s
 
 
-async def sla_stats(app: str, deployment: str, running: float, start_s: float) -> dict[str, float]:
+async def sla_stats(
+    app: str, deployment: str, running: float, start_s: float, pace: dict[str, float]
+) -> dict[str, float]:
     payloads = await asyncio.to_thread(sla_board.fresh_signals, app, deployment)
     classes, batch, price = combine(payloads)
-    return flatten(classes, batch, price, running, start_s)
+    return flatten(classes, batch, price, running, start_s, pace)

@@ -71,7 +71,7 @@ class SlaServePolicy:
         starting = max(0, ctx.target_num_replicas - ctx.current_num_replicas)
         since = now - ctx.last_scale_up_time if ctx.last_scale_up_time else 0.0
         left = max(0.0, start - since) if starting else 0.0
-        return PoolState(ctx.current_num_replicas, starting, left, figures["running"], start)
+        return PoolState(ctx.current_num_replicas, starting, left, figures["running"], start, figures["pace"])
 
     def _shape_for(self, figures: dict[str, float]) -> ReplicaShape:
         batch = max(1, round(figures["batch"]))

@@ -64,6 +64,17 @@ class ClassLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class StepPace:
+    """The replicas' recent back-to-back engine steps, summed (``replica/profiler.step_pace``)."""
+
+    steps: float = 0.0
+    decode_rows: float = 0.0
+    prefill_tokens: float = 0.0
+    context_tokens: float = 0.0
+    period_s: float = 0.0  # seconds from each step's predecessor to it
+
+
+@dataclass(frozen=True, slots=True)
 class PoolState:
     """The model's replicas as the policy sees them."""
 
@@ -72,6 +83,7 @@ class PoolState:
     starting_left_s: float = 0.0  # how long the starting ones still take (estimate)
     running_requests: float = 0.0  # on the engines now (all replicas)
     start_time_s: float = 60.0  # a replica's measured start: process start → serving
+    pace: StepPace = field(default_factory=StepPace)  # what the replicas' steps took (calibration)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 from tenancy import FairQueue, FairShareSettings, TenantPolicy
 from tenancy.counter_sync import CounterTotals, MemoryCounters
 from tenancy.shared_counters import SharedCounters
+from tests.tenancy.helpers import SYNC_TIMEOUT_S
 
 POLICIES = {
     t: TenantPolicy(weight=1.0, tier=1, sla_class="batch", ttft_target_s=600.0, may_preempt=False)
@@ -84,8 +85,8 @@ def test_the_same_return_lifted_on_two_routers_is_raised_once() -> None:
 async def test_a_lift_travels_through_redis_once(redis_url: str, redis_prefix: str) -> None:
     client = Redis.from_url(redis_url)
     a, b = _queue(), _queue()
-    share_a = SharedCounters(client, redis_prefix, share_lifts=True)
-    share_b = SharedCounters(client, redis_prefix, share_lifts=True)
+    share_a = SharedCounters(client, redis_prefix, share_lifts=True, op_timeout=SYNC_TIMEOUT_S)
+    share_b = SharedCounters(client, redis_prefix, share_lifts=True, op_timeout=SYNC_TIMEOUT_S)
     _served(a, 1000, "g")
     for share, q in ((share_a, a), (share_b, b)):
         assert await share.sync(q)
@@ -111,7 +112,7 @@ async def test_a_lift_travels_through_redis_once(redis_url: str, redis_prefix: s
 async def test_lifts_stay_local_by_default(redis_url: str, redis_prefix: str) -> None:
     client = Redis.from_url(redis_url)
     a, b = _queue(), _queue()
-    share_a, share_b = SharedCounters(client, redis_prefix), SharedCounters(client, redis_prefix)
+    share_a, share_b = (SharedCounters(client, redis_prefix, op_timeout=SYNC_TIMEOUT_S) for _ in range(2))
     _served(a, 1000, "g")
     _push(a, "f", "f-a", 10)  # lifted to 1000 on A
     for share, q in ((share_a, a), (share_b, b)):

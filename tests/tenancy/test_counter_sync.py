@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 from tenancy import FairQueue, FairShareSettings, TenantPolicy
 from tenancy.counter_sync import CounterTotals, MemoryCounters
 from tenancy.shared_counters import SharedCounters
+from tests.tenancy.helpers import SYNC_TIMEOUT_S
 
 TENANTS = ("alice", "bob", "carol")
 POLICIES = {
@@ -31,7 +32,10 @@ async def test_memory_exchange_matches_redis_on_the_same_charges(
     client = Redis.from_url(redis_url)
     routers = 3
     on_redis, in_memory = [_queue() for _ in range(routers)], [_queue() for _ in range(routers)]
-    shared = [SharedCounters(client, redis_prefix, share_lifts=share_lifts) for _ in range(routers)]
+    shared = [
+        SharedCounters(client, redis_prefix, share_lifts=share_lifts, op_timeout=SYNC_TIMEOUT_S)
+        for _ in range(routers)
+    ]
     totals = CounterTotals()
     memory = [MemoryCounters(totals, f"r{k}", share_lifts) for k in range(routers)]
     popped: list[list] = [[] for _ in range(routers)]

@@ -7,6 +7,7 @@ from redis.asyncio import Redis
 from tenancy import FairQueue, FairShareSettings, TenantPolicy
 from tenancy.shared_counters import SharedCounters
 from tests.redis_server import RedisProcess, free_port
+from tests.tenancy.helpers import SYNC_TIMEOUT_S
 
 POLICIES = {
     "alice": TenantPolicy(weight=1.0, tier=1, sla_class="standard", ttft_target_s=60.0, may_preempt=False),
@@ -25,7 +26,7 @@ def _push(q: FairQueue, tenant: str, rid: str, prompt: int = 100) -> None:
 async def test_service_on_one_router_counts_on_the_other(redis_url: str, redis_prefix: str) -> None:
     client = Redis.from_url(redis_url)
     router_a, router_b = _queue(), _queue()
-    share_a, share_b = SharedCounters(client, redis_prefix), SharedCounters(client, redis_prefix)
+    share_a, share_b = (SharedCounters(client, redis_prefix, op_timeout=SYNC_TIMEOUT_S) for _ in range(2))
     _push(router_a, "alice", "a1", prompt=300)
     assert router_a.pop_next().request_id == "a1"  # alice: 300 in + 10 out x 2 reserved = 320
     router_a.charge("alice", 40)  # 40 output tokens charged beyond it: 400 on router A
@@ -71,7 +72,7 @@ async def test_redis_outage_keeps_the_growth_for_later() -> None:
 async def test_a_sync_whose_reply_is_lost_counts_once(redis_url: str, redis_prefix: str) -> None:
     client = Redis.from_url(redis_url)
     router, other = _queue(), _queue()
-    share, share_other = SharedCounters(client, redis_prefix), SharedCounters(client, redis_prefix)
+    share, share_other = (SharedCounters(client, redis_prefix, op_timeout=SYNC_TIMEOUT_S) for _ in range(2))
     _push(router, "alice", "a1", prompt=50)
     router.pop_next()  # alice: 50 + 2 × 10 = 70 on this router
     exchange = share._exchange

@@ -12,7 +12,7 @@ from cluster.serving.sla_capacity import shape_of
 from cluster.serving.sla_policy import DelayGate, SlaPolicyConfig, bound, decide
 from cluster.serving.sla_predict import predict
 from cluster.serving.sla_share import TenantLoad, class_loads, within_fraction
-from cluster.serving.sla_signals import ClassLoad, PoolState, Work
+from cluster.serving.sla_signals import ClassLoad, PoolState, StepPace, Work
 
 SHAPE = shape_of("h200-llama-3.1-8b", 32)
 PER_REPLICA = 1 / SHAPE.request_s(300, 150)  # requests per second one replica serves
@@ -160,21 +160,25 @@ def test_a_miss_no_count_changes_neither_adds_nor_holds_replicas() -> None:
     assert decide(surge, pool(2), SHAPE, CFG).desired == 8
 
 
+def _paced(ready: int, per_step_s: float, steps: int = 100) -> PoolState:
+    """``ready`` replicas whose last ``steps`` decode steps at a batch of 32 took ``per_step_s`` each."""
+    ctx = 32 * 375  # 300 prompt + half of 150 answer tokens per sequence
+    pace = StepPace(steps, 32 * steps, 0, ctx * steps, per_step_s * steps)
+    return PoolState(ready=ready, start_time_s=60.0, pace=pace)
+
+
 def test_replicas_slower_than_the_step_model_are_priced_at_their_measured_speed() -> None:
     # 0.7 of a modelled replica's rate: one replica keeps the goal at the model's speed. Replicas
-    # measured at 3× the model's TPOT (a slice of a smaller card) serve a third of it: one is not
-    # enough, and the count that serves it is what the policy asks for.
-    load = work(rate=0.7 * PER_REPLICA)
-    modelled_tpot = predict([interactive(load)], pool(1), SHAPE, 1, horizon_s=10.0).tpot_s
-    as_fitted = ClassLoad("interactive", 0, 1.0, 0.5, 0.99, load, measured_tpot_s=modelled_tpot)
-    slow = ClassLoad("interactive", 0, 1.0, 0.5, 0.99, load, measured_tpot_s=3 * modelled_tpot)
-    held = decide([as_fitted], pool(1), SHAPE, CFG)
+    # whose steps took 3× what the model prices them at (a slice of a smaller card) serve a third of
+    # it: one is not enough, and the policy asks for the count that serves it.
+    load = [interactive(work(rate=0.7 * PER_REPLICA))]
+    step_s = SHAPE.step.step_ms(32, 0, 32 * 375) / 1000.0
+    held = decide(load, _paced(1, step_s), SHAPE, CFG)
     assert held.desired == 1 and held.slowdown == pytest.approx(1.0)
-    up = decide([slow], pool(1), SHAPE, CFG)
+    up = decide(load, _paced(1, 3 * step_s), SHAPE, CFG)
     assert up.slowdown == pytest.approx(3.0) and up.reason.startswith("up")
     assert up.desired >= 3  # 2.1 modelled replicas of work at the measured speed
     assert up.as_dict()["slowdown"] == pytest.approx(3.0)  # published with the decision
-    # unmeasured classes leave the model as it is; a wild median is bounded
-    assert decide([interactive(load)], pool(1), SHAPE, CFG).slowdown == 1.0
-    wild = ClassLoad("interactive", 0, 1.0, 0.5, 0.99, load, measured_tpot_s=1e3 * modelled_tpot)
-    assert decide([wild], pool(1), SHAPE, CFG).slowdown == 20.0
+    # too few steps leave the model as it is; a stall's wild ratio is bounded
+    assert decide(load, _paced(1, 3 * step_s, steps=5), SHAPE, CFG).slowdown == 1.0
+    assert decide(load, _paced(1, 1e3 * step_s), SHAPE, CFG).slowdown == 20.0

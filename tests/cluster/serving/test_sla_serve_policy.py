@@ -13,7 +13,7 @@ from cluster.serving import sla_board
 from cluster.serving.sla_metrics import combine, flatten, unflatten
 from cluster.serving.sla_router_signals import as_payload
 from cluster.serving.sla_serve_policy import SlaServePolicy
-from cluster.serving.sla_signals import ClassLoad, Work
+from cluster.serving.sla_signals import ClassLoad, StepPace, Work
 
 SCALING = {"min_replicas": 1, "max_replicas": 3, "upscale_delay_s": 0.0, "downscale_delay_s": 0.0}
 KWARGS = {
@@ -65,12 +65,15 @@ def _board(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
 def test_the_metrics_round_trip_through_serves_flat_floats() -> None:
     classes = _classes(Work(3, 90, 60, 2.0, 0.1, 30, 20, 1.5), Work(40, 4000, 4000, 1.0, 0.0, 100, 100, 1.0))
-    flat = flatten(*combine([as_payload(classes, 2, 5.0), as_payload(classes, 2, 5.0)]), running=4, start_s=8)
+    pace = {"steps": 50, "decode_rows": 100, "prefill_tokens": 400, "context_tokens": 9000, "period_s": 0.5}
+    merged = combine([as_payload(classes, 2, 5.0), as_payload(classes, 2, 5.0)])
+    flat = flatten(*merged, running=4, start_s=8, pace=pace)
     back, pool = unflatten({k: {"a": v, "b": v} for k, v in flat.items()})
     inter = next(c for c in back if c.name == "interactive")
     assert inter.within.waiting_requests == 6 and inter.within.rate_rps == 4.0  # two routers summed
     assert inter.measured_ttft_s is None and inter.tier == 0
-    assert pool == {"running": 8.0, "start_s": 8.0, "batch": 2.0, "price": 5.0}  # two replicas' running
+    two_replicas = StepPace(100, 200, 800, 18000, 1.0)  # each replica's steps, summed
+    assert pool == {"running": 8.0, "start_s": 8.0, "batch": 2.0, "price": 5.0, "pace": two_replicas}
 
 
 def test_an_interactive_burst_scales_up_and_an_over_share_batch_backlog_does_not(_board: list[dict]) -> None:
