@@ -95,15 +95,16 @@ class StepProfiler:
 
     def pace(self, window_s: float = 10.0) -> dict[str, float]:
         """``step_pace`` over the last ``window_s`` (read from another thread: a copy of the records)."""
+        since = time.monotonic() - window_s
         for _ in range(3):
             try:
-                records = list(self.records)
+                recent = list(itertools.takewhile(lambda r: r.at >= since, reversed(self.records)))
                 break
-            except RuntimeError:  # the loop appended while it was copied
+            except RuntimeError:  # the loop appended while it was read
                 continue
         else:
             return dict.fromkeys(PACE_FIELDS, 0.0)
-        return step_pace(records, time.monotonic() - window_s)
+        return step_pace(recent[::-1], since)
 
     def summary(self) -> dict:
         records = list(self.records)
