@@ -1,14 +1,19 @@
 """Pytest plugin: the work units of a pytest-xdist run (``python -m pytest -n 2 --dist loadgroup``).
 
-Every module with a test that needs the session's shared Ray + Serve is in ONE unit, so one worker
-runs all of them in collection order with one Ray, as a plain run does. It is the run's longest unit
-(about 1,400 of the suite's 2,400 test-seconds under two workers, cpu_test_suite_dec06.json in
-docs/bench), so it is sent first and the other worker takes everything else meanwhile. A module of
-``own_ray`` tests (a ``fairlane`` process starting a Ray of its own, with a private temp dir and no
-RAY_ADDRESS: nothing to find or join) is a unit of its own, sent next: the other worker runs it
-beside the shared Ray, as the bench smoke runs' subprocess Rays already do (a plain run keeps them
-first, one Ray at a time). Every other module is a unit of its own, run whole on one worker (its
-module fixtures load once) by whichever is free.
+Two units share a Ray + Serve each, one per worker, so the Ray work no longer runs on one worker
+while the other idles (it did for the last ~380 s of a 1,415-s run, cpu_test_suite_dec06.json in
+docs/bench):
+* ``ray``: every module with a test that needs the cluster tests' Ray + Serve (``ray_serve``,
+  ``cluster_url``, ``serve_port``), in collection order, as a plain run does. The longest unit: sent
+  first.
+* ``ray-faults``: the fault drills (``fault_port``), sent second. Their Ray is the cluster tests' in a
+  plain run; under two workers the other worker starts its own, in a private temp dir
+  (``tests/cluster/helpers.private_ray_dir``: two Rays never find each other), and the faults
+  package's fixtures stop it when the package ends.
+A module with tests of both is in ``ray``. A module of ``own_ray`` tests (a ``fairlane`` process
+starting a Ray of its own, with a private temp dir and no RAY_ADDRESS) is a unit of its own, sent
+next. Every other module is a unit of its own, run whole on one worker (its module fixtures load
+once) by whichever is free.
 
 The controller does not collect, so it cannot see fixtures: each worker writes the module -> unit
 map it computed to a file the controller named, and the controller's scheduler reads it once the
@@ -26,10 +31,16 @@ from pathlib import Path
 
 import pytest
 
-# Fixtures that start or join the session's Ray + Serve (tests/cluster, tests/faults, tests/loadtest,
-# tests/ledger/test_routers.py): a test that takes one, directly or through another fixture, needs Ray.
-RAY_FIXTURES = frozenset({"ray_serve", "fault_port", "cluster_url", "serve_port"})
-RAY_UNIT = "ray"
+# Fixtures that start or join a shared Ray + Serve, and the unit whose Ray they use: a test that
+# takes one, directly or through another fixture, needs that Ray.
+RAY_UNIT, FAULTS_UNIT = "ray", "ray-faults"
+RAY_FIXTURES = {
+    "ray_serve": RAY_UNIT,
+    "cluster_url": RAY_UNIT,
+    "serve_port": RAY_UNIT,
+    "fault_port": FAULTS_UNIT,
+}
+SHARED_RAY_UNITS = (RAY_UNIT, FAULTS_UNIT)  # sent in this order, before everything else
 GROUPS_KEY = "fairlane_unit_file"
 _DIR = pytest.StashKey[str]()
 
@@ -38,30 +49,37 @@ def _module(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def needs_shared_ray(item: pytest.Item) -> bool:
-    return not RAY_FIXTURES.isdisjoint(item.fixturenames)
+def shared_ray_unit(item: pytest.Item) -> str | None:
+    """The shared-Ray unit a test needs (``ray`` where it takes fixtures of both), else None."""
+    wanted = {RAY_FIXTURES[f] for f in item.fixturenames if f in RAY_FIXTURES}
+    return next((unit for unit in SHARED_RAY_UNITS if unit in wanted), None)
 
 
 def module_units(items: list[pytest.Item]) -> dict[str, str]:
-    """Each module's unit: ``ray`` when any of its tests needs the shared Ray, else the module."""
+    """Each module's unit: the shared-Ray unit its tests need (``ray`` before ``ray-faults``), else
+    the module itself."""
     units: dict[str, str] = {}
     for item in items:
-        module = _module(item)
-        if needs_shared_ray(item):
-            units[module] = RAY_UNIT
+        module, unit = _module(item), shared_ray_unit(item)
+        if unit is not None and units.get(module) not in SHARED_RAY_UNITS[: SHARED_RAY_UNITS.index(unit)]:
+            units[module] = unit
         else:
             units.setdefault(module, module)
     return units
 
 
 def send_order(items: list[pytest.Item], units: dict[str, str]) -> list[pytest.Item]:
-    """The shared-Ray unit's tests first (the critical path), then the own-Ray modules' (the next
-    longest), then the rest; collection order within each (xdist sends units in first-seen order)."""
+    """The shared-Ray units' tests first (``ray``, the critical path, then ``ray-faults``), then the
+    own-Ray modules' (the next longest), then the rest; collection order within each (xdist sends
+    units in first-seen order)."""
     own = {_module(item) for item in items if item.get_closest_marker("own_ray")}
+    shared = len(SHARED_RAY_UNITS)
 
     def rank(item: pytest.Item) -> int:
         module = _module(item)
-        return 0 if units[module] == RAY_UNIT else 1 if module in own else 2
+        if units[module] in SHARED_RAY_UNITS:
+            return SHARED_RAY_UNITS.index(units[module])
+        return shared if module in own else shared + 1
 
     return sorted(items, key=rank)  # stable
 
@@ -97,8 +115,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class ModuleUnitScheduling(LoadScopeScheduling):
         """xdist's per-scope scheduling with this plugin's units as the scopes, sent in the workers'
-        order (``send_order``: the shared-Ray unit first). A worker is given its next unit only when
-        two of its tests are left, so the shared-Ray worker takes no other until its unit ends."""
+        order (``send_order``: the shared-Ray units first, one to each worker). A worker is given its
+        next unit only when two of its tests are left, so a shared-Ray worker takes no other until
+        its unit ends."""
 
         units: dict[str, str] | None = None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,17 +26,38 @@ METRICS_KEY = "sk-test-metrics-reader"  # reads /metrics only
 ALICE, BOB, CAROL = DEMO_KEYS["alice"], DEMO_KEYS["bob"], DEMO_KEYS["carol"]
 
 
+def private_ray_dir() -> str:
+    """A temp dir of this process's own for the Ray it starts. Two test workers each start one (the
+    ``ray`` and ``ray-faults`` units, tests/xdist_groups.py), and a Ray started in Ray's default temp
+    dir is found and joined by the next ``ray.init`` on the machine. Short: Ray's socket paths have a
+    length limit."""
+    return tempfile.mkdtemp(prefix="fl-ray-", dir="/tmp")
+
+
+def start_test_ray() -> str | None:
+    """Ray sized for a 2-core box (logical CPUs let several replicas share it), in a private temp dir
+    (returned; None when this process had a Ray already), started as `fairlane serve` starts it: the
+    proxy reaches the routers over gRPC."""
+    if ray.is_initialized():
+        return None
+    ray_env(proxy_grpc=True)
+    temp_dir = private_ray_dir()
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+    return temp_dir
+
+
 @contextlib.contextmanager
 def ray_and_serve(port: int) -> Iterator[int]:
-    """Ray sized for a 2-core box (logical CPUs let several replicas share it) and Serve on ``port``."""
-    ray_env(proxy_grpc=True)  # as `fairlane serve` starts Ray: the proxy reaches the routers over gRPC
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    """A test Ray (``start_test_ray``) and Serve on ``port``, both stopped at the end."""
+    temp_dir = start_test_ray()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         yield port
     finally:
         serve.shutdown()
         ray.shutdown()
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _tenant(tid: str, key: str, sla: str, **quotas: int) -> dict:

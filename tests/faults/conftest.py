@@ -20,7 +20,9 @@ REPO = str(Path(__file__).resolve().parents[2])
 QUEUE_PER_TENANT, QUEUE_TOTAL = 16, 40
 
 
-@pytest.fixture(scope="session")
+# Package scope: under two workers the faults are a unit of their own (tests/xdist_groups.py) whose
+# worker starts its own Ray; it stops with the package instead of idling beside the units after it.
+@pytest.fixture(scope="package")
 def fault_port() -> Iterator[int]:
     """The Serve HTTP port: reuse the running Serve (tests/cluster's), or start Ray + Serve here."""
     if ray.is_initialized():
@@ -65,7 +67,7 @@ def fault_config(fault_tenancy: Path) -> dict:
     }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fault_url(fault_port: int, fault_config: dict) -> Iterator[str]:
     """The shared fault app: one router, in-memory quotas, two replicas on CPU."""
     start_app(FAULT_APP, FAULT_PREFIX, fault_config)

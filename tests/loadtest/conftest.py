@@ -7,6 +7,7 @@ them the same way (``tests.cluster.helpers``) and shuts them down at the end.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -40,16 +41,15 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import ray
     from ray import serve
 
-    from cluster.ops.local_cluster import ray_env
-    from tests.cluster.helpers import start_app, write_tenancy
+    from tests.cluster.helpers import start_app, start_test_ray, write_tenancy
     from tests.redis_server import free_port
 
     port = _running_serve_port()
     owned = port is None
+    temp_dir = None
     if owned:
-        ray_env(proxy_grpc=True)  # as `fairlane serve` starts Ray
+        temp_dir = start_test_ray()
         port = free_port()
-        ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
     status = serve.status().applications.get(CLUSTER_APP)
     if status is None or status.status != "RUNNING":
@@ -67,3 +67,5 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if owned:
             serve.shutdown()
             ray.shutdown()
+            if temp_dir is not None:
+                shutil.rmtree(temp_dir, ignore_errors=True)
