@@ -174,14 +174,18 @@ def _shed_useless(classes, current: int, held: Decision, at, cfg: SlaPolicyConfi
 
 
 def _no_worse(fewer: Prediction, now: Prediction, classes: Sequence[ClassLoad]) -> bool:
-    """``fewer`` predicts every class's attainment, the TPOT and each class's TTFT past its target
-    no worse than ``now``."""
+    """``fewer`` predicts every class's attainment, the TPOT, each class's TTFT past its target and
+    the work it leaves queued at the horizon no worse than ``now``. (The backlog tells two counts
+    apart where every request misses at both: under a burst no count can serve, the TTFTs of both
+    are past the horizon, yet one fewer replica leaves more of the queue behind.)"""
     if fewer.tpot_s > now.tpot_s * (1 + 1e-6):
         return False
     for c in classes:
         if fewer.attainment[c.name] < now.attainment[c.name] - 1e-9:
             return False
         if fewer.ttft_s[c.name] > max(now.ttft_s[c.name], c.ttft_target_s) + 1e-9:
+            return False
+        if fewer.backlog_s.get(c.name, 0.0) > now.backlog_s.get(c.name, 0.0) * (1 + 1e-6) + 1e-9:
             return False
     return True
 

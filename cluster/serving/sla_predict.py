@@ -66,17 +66,20 @@ def predict(
     works = {c.name: _work(c, over_share) for c in classes}
     serving = serving_curve(pool, n)
     tpot = _tpot(classes, pool, shape, n)
-    attainment, late, ttft = {}, {}, {}
+    attainment, late, ttft, backlog = {}, {}, {}, {}
     tpot_now = _tpot(classes, pool, shape, pool.ready)
     for c in classes:
         hi = [works[o.name] for o in classes if o.tier < c.tier]
         same = [works[o.name] for o in classes if o.tier == c.tier]
-        share, share_late, last = _ttft_share(c, works[c.name], hi, same, pool, serving, shape, horizon_s)
+        share, share_late, last, left = _ttft_share(
+            c, works[c.name], hi, same, pool, serving, shape, horizon_s
+        )
         tpot_ok = tpot * _tpot_calibration(c, tpot_now) <= c.tpot_target_s
         attainment[c.name] = share if tpot_ok else 0.0
         late[c.name] = share_late if tpot_ok else 0.0
         ttft[c.name] = last
-    return Prediction(n, attainment, ttft, tpot, late)
+        backlog[c.name] = left
+    return Prediction(n, attainment, ttft, tpot, late, backlog)
 
 
 def catch_up(
@@ -130,19 +133,22 @@ def _ttft_share(
     horizon_s: float,
 ) -> tuple[float, float]:
     """(share of the class's requests meeting TTFT, the same from one start time on, predicted TTFT
-    of its last arrival)."""
+    of its last arrival, replica-seconds of its tier's and more urgent work left at the horizon)."""
     if not own.active:
-        return 1.0, 1.0, 0.0
+        return 1.0, 1.0, 0.0, 0.0
     dt = horizon_s / STEPS
     total_steps = STEPS + int(c.ttft_target_s / dt) + 2  # the last arrivals' service runs past it
     q_hi, q_k = sum(_seconds(w, shape) for w in hi), sum(_seconds(w, shape) for w in same)
     q_hi0, q_k0 = q_hi, q_k
     left = [0.0]  # cumulative capacity left by more urgent work, at each grid point
     ahead = []  # work ahead of an arrival at each grid point of the horizon
+    left_at_horizon = 0.0
     for i in range(total_steps):
         t = i * dt
         if i < STEPS:
             ahead.append(q_hi + q_k)
+        elif i == STEPS:
+            left_at_horizon = q_hi + q_k
         cap, hi_in = serving(t) * dt, _load(hi, shape, t, pool.start_time_s) * dt
         used_hi = min(cap, q_hi + hi_in)
         q_hi += hi_in - used_hi
@@ -169,7 +175,7 @@ def _ttft_share(
             late, met_late = late + count, met_late + hit
     total = own.waiting_requests + arrivals
     share = (met_waiting + met) / total if total > 0 else 1.0
-    return share, (met_late / late if late > 0 else share), last
+    return share, (met_late / late if late > 0 else share), last, left_at_horizon
 
 
 def _mean_prompt(w: Work) -> float:

@@ -95,6 +95,8 @@ class Prediction:
     ttft_s: dict[str, float]  # class → predicted TTFT of its last arrival in the horizon
     tpot_s: float
     late: dict[str, float] = field(default_factory=dict)  # attainment of arrivals after one start time
+    # class → replica-seconds of its tier's and more urgent tiers' work still queued at the horizon
+    backlog_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,8 @@ The shape is the simulator's 8B-on-H200 step model at a batch of 32: a request o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cluster.serving.sla_capacity import shape_of
@@ -182,3 +184,22 @@ def test_replicas_slower_than_the_step_model_are_priced_at_their_measured_speed(
     # too few steps leave the model as it is; a stall's wild ratio is bounded
     assert decide(load, _paced(1, 3 * step_s, steps=5), SHAPE, CFG).slowdown == 1.0
     assert decide(load, _paced(1, 1e3 * step_s), SHAPE, CFG).slowdown == 20.0
+
+
+def test_one_fewer_that_leaves_more_queued_is_worse_even_where_both_miss_alike() -> None:
+    # On one H100 after a burst no count could serve, the backlog's requests missed at 3 replicas and
+    # at 2 alike (both 0.017), their TTFTs within the horizon alike: 2 "predicted no worse" and the
+    # policy let a replica go with the queue still draining. The work each leaves is what differs.
+    from cluster.serving.sla_policy import _no_worse
+    from cluster.serving.sla_signals import Prediction
+
+    cls = [interactive(work(rate=1.0, waiting=400))]
+    now = Prediction(3, {"interactive": 0.017}, {"interactive": 0.505}, 0.0044, {}, {"interactive": 12.0})
+    fewer = Prediction(2, {"interactive": 0.017}, {"interactive": 0.505}, 0.0044, {}, {"interactive": 25.0})
+    assert not _no_worse(fewer, now, cls)
+    drained = Prediction(2, {"interactive": 0.017}, {"interactive": 0.505}, 0.0044, {}, {"interactive": 0.0})
+    assert _no_worse(drained, replace(now, backlog_s={"interactive": 0.0}), cls)  # a TPOT-only miss: let go
+    # and the prediction carries the backlog: more replicas leave less of a queue behind
+    queue = [interactive(work(rate=2 * PER_REPLICA, waiting=2_000))]
+    at = {n: predict(queue, pool(n), SHAPE, n, horizon_s=10.0).backlog_s["interactive"] for n in (2, 3)}
+    assert at[3] < at[2] and at[3] > 0
