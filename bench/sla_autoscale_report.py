@@ -5,8 +5,10 @@
   replica serving.
 * **The prediction's error**: at every decision, the attainment it predicted for a class at the
   count it chose, over its horizon (a replica's start + ``horizon_s``), against what the class's
-  requests arriving in that horizon then saw (TTFT, TPOT and E2E within the class's targets, at the
-  client). Requests the client cut or the router refused (429) are left out, as in every attainment.
+  requests it predicts for then saw (TTFT, TPOT and E2E within the class's targets, at the client):
+  those waiting for their first token when it decided and those arriving in the horizon, as the
+  prediction counts them. Requests the client cut or the router refused (429) are left out, as in
+  every attainment.
 """
 
 from __future__ import annotations
@@ -23,11 +25,18 @@ MIN_REQUESTS = 10  # a decision's horizon with fewer arrivals says nothing about
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One request as the prediction is judged on it: its class, its arrival (wall clock), its outcome."""
+    """One request as the prediction is judged on it: its class, its arrival and its first token
+    (wall clock; None if none came), its outcome."""
 
     sla_class: str
     at: float
     met: bool
+    first_at: float | None = None
+
+    def waiting_at(self, t: float) -> bool:
+        """Arrived before ``t`` and had no first token yet: part of the queue a decision at ``t``
+        predicts for."""
+        return self.at < t and (self.first_at is None or self.first_at > t)
 
 
 def arrivals(
@@ -38,7 +47,10 @@ def arrivals(
     for r in records:
         if r.cut or r.rejected or r.sla_class not in targets:
             continue
-        out.append(Arrival(r.sla_class, started_wall + r.scheduled, meets_slo(r, targets[r.sla_class])))
+        first = None if r.first_token is None else started_wall + r.first_token
+        out.append(
+            Arrival(r.sla_class, started_wall + r.scheduled, meets_slo(r, targets[r.sla_class]), first)
+        )
     return out
 
 
@@ -82,7 +94,7 @@ def prediction_errors(
             continue
         t0 = d["decided_at"]
         t1 = t0 + horizon_s(d, start_time_s, horizon)
-        window = [a for a in own if t0 <= a.at < t1]
+        window = [a for a in own if t0 <= a.at < t1 or a.waiting_at(t0)]
         if len(window) < MIN_REQUESTS:
             continue
         observed = sum(a.met for a in window) / len(window)
