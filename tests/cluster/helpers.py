@@ -99,23 +99,14 @@ def write_tenancy(path: Path) -> Path:
 
 
 def start_app(name: str, prefix: str, config: dict) -> None:
-    start_apps([(name, prefix, config)])
-
-
-def start_apps(apps: list[tuple[str, str, dict]]) -> None:
-    """Deploy every (name, route prefix, config) at once, then wait until all of them run: their
-    replicas start side by side instead of one app's after another's."""
-    for name, prefix, config in apps:
-        serve.run(build_app(config), name=name, route_prefix=prefix, blocking=False)
-    deadline = time.monotonic() + 180 * len(apps)
-    waiting = {name for name, _, _ in apps}
-    while waiting and time.monotonic() < deadline:
-        status = serve.status().applications
-        waiting = {n for n in waiting if status.get(n) is None or status[n].status != "RUNNING"}
-        if waiting:
-            time.sleep(0.5)
-    if waiting:
-        raise TimeoutError(f"apps {sorted(waiting)} did not start")
+    serve.run(build_app(config), name=name, route_prefix=prefix, blocking=False)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        app = serve.status().applications.get(name)
+        if app is not None and app.status == "RUNNING":
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"app {name} did not start")
 
 
 def admin_state(base: str) -> dict:

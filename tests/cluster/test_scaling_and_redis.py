@@ -11,7 +11,7 @@ import httpx
 import pytest
 from ray import serve
 
-from tests.cluster.helpers import ADMIN, CAPPED_KEY, CAROL, MODEL, start_app, start_apps, wait_until
+from tests.cluster.helpers import ADMIN, CAPPED_KEY, CAROL, MODEL, start_app, wait_until
 
 REDIS_APP, SCALE_APP, ROUTERS_APP = "fl-redis", "fl-scale", "fl-routers"
 SCALE_DIRECT_APP = "fl-scale-direct"
@@ -80,19 +80,25 @@ REPLICA_SCALING = {
 
 
 @pytest.fixture(scope="module")
-def scale_apps(ray_serve: int, app_config: dict) -> Iterator[dict[str, str]]:
-    """Two apps started side by side, each scaling its replicas 1 -> 2 -> 1 in its own test: one on
-    Serve's own counts, one with direct dispatch, where no request passes Serve's handle, so Serve's
-    counts stay at zero and the replicas scale on their engines' counts
-    (cluster/serving/engine_load_policy.py). Each idles while the other's test runs."""
+def scale_app(ray_serve: int, app_config: dict) -> Iterator[str]:
     config = app_config | {"autoscaling": REPLICA_SCALING, "replica_num_cpus": 0.5}
-    direct = config | {"stream_channel": True, "direct_dispatch": True}
-    start_apps([(SCALE_APP, "/scale", config), (SCALE_DIRECT_APP, "/scale-direct", direct)])
-    yield {
-        SCALE_APP: f"http://127.0.0.1:{ray_serve}/scale",
-        SCALE_DIRECT_APP: f"http://127.0.0.1:{ray_serve}/scale-direct",
-    }
+    start_app(SCALE_APP, "/scale", config)
+    yield f"http://127.0.0.1:{ray_serve}/scale"
     serve.delete(SCALE_APP)
+
+
+@pytest.fixture(scope="module")
+def scale_direct_app(ray_serve: int, app_config: dict) -> Iterator[str]:
+    """Direct dispatch: no request passes Serve's handle, so Serve's own counts stay at zero and the
+    replicas scale on their engines' counts (cluster/serving/engine_load_policy.py)."""
+    config = app_config | {
+        "autoscaling": REPLICA_SCALING,
+        "replica_num_cpus": 0.5,
+        "stream_channel": True,
+        "direct_dispatch": True,
+    }
+    start_app(SCALE_DIRECT_APP, "/scale-direct", config)
+    yield f"http://127.0.0.1:{ray_serve}/scale-direct"
     serve.delete(SCALE_DIRECT_APP)
 
 
@@ -102,15 +108,14 @@ def _running(app: str, deployment_name: str = "Replica") -> int:
 
 
 @pytest.mark.slow
-def test_replicas_scale_up_under_load_and_down_after(scale_apps: dict[str, str]) -> None:
-    _scale_up_and_down(SCALE_APP, scale_apps[SCALE_APP])
+def test_replicas_scale_up_under_load_and_down_after(scale_app: str) -> None:
+    _scale_up_and_down(SCALE_APP, scale_app)
 
 
 @pytest.mark.slow
-def test_replicas_scale_under_direct_dispatch_on_their_engines_counts(scale_apps: dict[str, str]) -> None:
-    url = scale_apps[SCALE_DIRECT_APP]
-    _scale_up_and_down(SCALE_DIRECT_APP, url)
-    state = httpx.get(f"{url}/admin/state", headers=ADMIN, timeout=10).json()
+def test_replicas_scale_under_direct_dispatch_on_their_engines_counts(scale_direct_app: str) -> None:
+    _scale_up_and_down(SCALE_DIRECT_APP, scale_direct_app)
+    state = httpx.get(f"{scale_direct_app}/admin/state", headers=ADMIN, timeout=10).json()
     assert sum(state["direct_dispatch"].values()) > 0  # the requests went direct, past Serve's handle
 
 

@@ -12,17 +12,15 @@ import pytest
 from ray import serve
 
 from bench.prefix_routing import run_conversations, summarize
-from tests.cluster.helpers import ALICE, BOB, MODEL, admin_state, start_apps, wait_until, write_tenancy
+from tests.cluster.helpers import ALICE, BOB, MODEL, admin_state, start_app, wait_until, write_tenancy
 
 CONVERSATIONS, TURNS = 4, 3
 
 
-def _app(choice: str, tenancy: Path, direct: bool = False) -> tuple[str, str, dict]:
-    """(name, route prefix, config) of one choice's app: two replicas of the embedded default."""
+def _run(choice: str, port: int, tenancy: Path, direct: bool = False) -> list[dict]:
     name, path = (f"fl-choice-{choice}", f"/{choice}") if not direct else ("fl-direct", "/direct")
     config = {
-        # 4 conversations x 3 short turns hold well under 4,096 tokens: nothing is evicted
-        "engine": {"device": "cpu", "kv_cache_tokens": 4096, "max_num_seqs": 16},
+        "engine": {"device": "cpu", "kv_cache_tokens": 16384, "max_num_seqs": 16},
         "tenancy_config": str(tenancy),
         "num_replicas": 2,
         "replica_room": 4,
@@ -30,12 +28,7 @@ def _app(choice: str, tenancy: Path, direct: bool = False) -> tuple[str, str, di
         "queue_timeout_s": 600.0,
         "direct_dispatch": direct,
     }
-    return name, path, config
-
-
-def _run(app: tuple[str, str, dict], port: int, direct: bool = False) -> list[dict]:
-    """The conversations through one running app, which is deleted after them."""
-    name, path, _ = app
+    start_app(name, path, config)
     try:
         base = f"http://127.0.0.1:{port}{path}"
         if direct:  # both replicas found on the board before the conversations start
@@ -67,16 +60,9 @@ def _streamed(base: str) -> str:
 @pytest.fixture(scope="module")
 def runs(ray_serve: int, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     tenancy = write_tenancy(tmp_path_factory.mktemp("choice") / "tenants.yaml")
-    apps = {"load": _app("load", tenancy), "prefix": _app("prefix", tenancy)}
-    apps["direct"] = _app("prefix", tenancy, direct=True)
-    try:
-        start_apps(list(apps.values()))  # six replicas start side by side; each app runs alone after
-        return {kind: _run(app, ray_serve, direct=kind == "direct") for kind, app in apps.items()}
-    finally:  # what a failed start or run left (each run deletes its own app once it is done)
-        running = serve.status().applications
-        for name, _, _ in apps.values():
-            if name in running:
-                serve.delete(name)
+    runs = {choice: _run(choice, ray_serve, tenancy) for choice in ("load", "prefix")}
+    runs["direct"] = _run("prefix", ray_serve, tenancy, direct=True)
+    return runs
 
 
 def test_prefix_choice_sends_every_later_turn_to_the_replica_holding_its_history(runs) -> None:
