@@ -131,7 +131,7 @@ def _ttft_share(
     serving: Callable[[float], float],
     shape: ReplicaShape,
     horizon_s: float,
-) -> tuple[float, float]:
+) -> tuple[float, float, float, float]:
     """(share of the class's requests meeting TTFT, the same from one start time on, predicted TTFT
     of its last arrival, replica-seconds of its tier's and more urgent work left at the horizon)."""
     if not own.active:
