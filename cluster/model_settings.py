@@ -93,8 +93,11 @@ class EngineSettings(_Frozen):
         "projections; needs a GPU of compute capability >= 8.9 (docs/engine.md, FP8). None: the "
         "checkpoint's own (an FP8 checkpoint is served in FP8), else the model dtype.",
     )
-    kv_cache_dtype: Literal["auto"] = Field(
-        default="auto", description="KV cache dtype: auto (the model dtype); fp8 is not implemented yet."
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto",
+        description="KV cache dtype: auto (the model dtype); fp8: e4m3 with a per-layer scale for K and "
+        "for V, twice the KV blocks in the same memory; needs a GPU of compute capability >= 8.9 "
+        "(docs/engine.md, FP8).",
     )
     lora_slots: int = Field(
         default=0,

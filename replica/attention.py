@@ -4,6 +4,9 @@ The cache of one layer is two tensors [num_blocks, block_size, kv_heads, head_di
 are flattened: the decode rows (one query each) come first, then each prefill chunk. This reference
 gathers a sequence's blocks into a contiguous view before calling SDPA; faster backends for CUDA
 read the blocks in place and must give the same result (tests compare them against this one).
+
+An FP8 cache (replica/kv_quant.py) holds e4m3 with one scale per layer for K and for V (`kv_scales`):
+writes quantise, reads dequantise what they gather to the query's dtype before the same SDPA call.
 """
 
 from __future__ import annotations
@@ -12,15 +15,20 @@ import torch
 import torch.nn.functional as F
 
 from replica.attention_metadata import AttentionMetadata, PrefillChunk
+from replica.kv_quant import UNIT_SCALES, KVScales, gather, store
 
 
 def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> None:
-    """Store the new tokens' keys and values at their slots."""
-    heads, dim = k_cache.shape[-2:]
-    k_cache.view(-1, heads, dim).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, heads, dim).index_copy_(0, slots, v.to(v_cache.dtype))
+    """Store the new tokens' keys and values at their slots (quantised if the cache is FP8)."""
+    store(k_cache, slots, k, kv_scales.k)
+    store(v_cache, slots, v, kv_scales.v)
 
 
 def paged_attention(
@@ -30,6 +38,7 @@ def paged_attention(
     kv_cache: tuple[torch.Tensor, torch.Tensor],
     meta: AttentionMetadata,
     scale: float,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """Attention for every row of q [num_tokens, heads, head_dim].
 
@@ -41,36 +50,36 @@ def paged_attention(
     if meta.prefill_backend == "flash_padded":
         from replica.varlen_prefill import padded_mixed_attention
 
-        return padded_mixed_attention(q, k, v, kv_cache, meta, scale)
+        return padded_mixed_attention(q, k, v, kv_cache, meta, scale, kv_scales)
     if nd == q.shape[0] and meta.decode_backend == "triton":
-        return _triton_decode(q, k_cache, v_cache, meta, scale)  # pure decode: no extra copy
+        return _triton_decode(q, k_cache, v_cache, meta, scale, kv_scales)  # pure decode: no extra copy
     flash = bool(meta.prefills) and meta.prefill_backend == "flash"
     if flash and not nd:
-        return _flash_prefill(q, k, v, kv_cache, meta, scale)  # pure prefill: no extra copy
+        return _flash_prefill(q, k, v, kv_cache, meta, scale, kv_scales)  # pure prefill: no extra copy
     out = torch.empty_like(q)
     if nd:
         if meta.decode_backend == "triton":
-            out[:nd] = _triton_decode(q[:nd], k_cache, v_cache, meta, scale)
+            out[:nd] = _triton_decode(q[:nd], k_cache, v_cache, meta, scale, kv_scales)
         else:
             out[:nd] = decode_attention(
-                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, kv_scales
             )
     if flash:
-        out[nd:] = _flash_prefill(q, k, v, kv_cache, meta, scale)
+        out[nd:] = _flash_prefill(q, k, v, kv_cache, meta, scale, kv_scales)
         return out
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        if chunk.context_len == chunk.q_len:
+        if chunk.context_len == chunk.q_len:  # the step's own keys, never quantised (vLLM does the same)
             out[rows] = causal_attention(q[rows], k[rows], v[rows], scale)
         else:
-            out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale)
+            out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale, kv_scales)
     return out
 
 
-def _flash_prefill(q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _flash_prefill(q, k, v, kv_cache, meta: AttentionMetadata, scale: float, kv_scales: KVScales):
     from replica.varlen_prefill import varlen_prefill_attention
 
-    return varlen_prefill_attention(q, k, v, kv_cache, meta, scale)
+    return varlen_prefill_attention(q, k, v, kv_cache, meta, scale, kv_scales)
 
 
 def fuses_rope_into_decode(meta: AttentionMetadata, rows: int) -> bool:
@@ -80,8 +89,9 @@ def fuses_rope_into_decode(meta: AttentionMetadata, rows: int) -> bool:
 
 
 def fused_rope_decode(
-    qkv, positions, rope_table, kv_cache, meta: AttentionMetadata, heads: int, scale: float
-):
+    qkv, positions, rope_table, kv_cache, meta: AttentionMetadata, heads: int, scale: float,
+    kv_scales: KVScales = UNIT_SCALES,
+):  # fmt: skip
     """Pure decode on CUDA: rotary embedding, the cache write and attention in one Triton kernel."""
     from replica.triton_decode import paged_decode_attention
 
@@ -90,11 +100,11 @@ def fused_rope_decode(
     return paged_decode_attention(
         q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens, scale,
         **meta.decode_kernel.launch_args(),
-        rope=(positions, rope_table, meta.slot_mapping),
+        rope=(positions, rope_table, meta.slot_mapping), kv_scales=kv_scales,
     )  # fmt: skip
 
 
-def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, kv_scales: KVScales):
     from replica.triton_decode import paged_decode_attention
 
     return paged_decode_attention(
@@ -105,6 +115,7 @@ def _triton_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -
         meta.decode_context_lens,
         scale,
         **meta.decode_kernel.launch_args(),
+        kv_scales=kv_scales,
     )
 
 
@@ -139,11 +150,13 @@ def decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """One query per sequence, batched: gather each sequence's blocks, mask the padding."""
     batch = q.shape[0]
-    keys = k_cache[block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, L, D]
-    values = v_cache[block_tables].flatten(1, 2).transpose(1, 2)
+    k_blocks = gather(k_cache, block_tables, kv_scales.k, q.dtype)  # [B, W, block_size, kv_heads, D]
+    keys = k_blocks.flatten(1, 2).transpose(1, 2)  # [B, kv_heads, L, D]
+    values = gather(v_cache, block_tables, kv_scales.v, q.dtype).flatten(1, 2).transpose(1, 2)
     length = keys.shape[2]
     visible = torch.arange(length, device=q.device)[None, :] < context_lens[:, None]  # [B, L]
     out = F.scaled_dot_product_attention(
@@ -158,15 +171,22 @@ def decode_attention(
 
 
 def prefill_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """A chunk of queries of one sequence attending causally to its whole context."""
     ctx, q_len = chunk.context_len, chunk.q_len
     block_size = k_cache.shape[1]
     table = chunk.block_table[: -(-ctx // block_size)]
     heads = q.shape[1]
-    keys = _heads_first(_expand_heads(k_cache[table].flatten(0, 1)[:ctx], heads))
-    values = _heads_first(_expand_heads(v_cache[table].flatten(0, 1)[:ctx], heads))
+    k_ctx = gather(k_cache, table, kv_scales.k, q.dtype).flatten(0, 1)[:ctx]
+    v_ctx = gather(v_cache, table, kv_scales.v, q.dtype).flatten(0, 1)[:ctx]
+    keys = _heads_first(_expand_heads(k_ctx, heads))
+    values = _heads_first(_expand_heads(v_ctx, heads))
     queries = _heads_first(q.to(keys.dtype))  # [1, heads, q_len, D]
     # Query i sits at position ctx - q_len + i and sees every key up to it. (A chunk that is the
     # whole context takes `causal_attention` instead: no cache read needed.)

@@ -29,7 +29,10 @@ class EngineConfig:
     # (replica/fp8_linear.py, docs/engine.md "FP8"); needs compute capability >= 8.9. None: the
     # checkpoint's own (an FP8 checkpoint's quantization_config turns it on), else the model dtype.
     quantization: str | None = None
-    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8" is refused (not implemented yet)
+    # "auto": the model dtype. "fp8": e4m3 with a per-tensor scale per layer for K and V (1.0 unless the
+    # checkpoint has k_scale / v_scale), half the bytes per block, so twice the blocks for the same
+    # memory (replica/kv_quant.py, docs/engine.md "FP8"); needs compute capability >= 8.9.
+    kv_cache_dtype: str = "auto"
     random_weights: bool = False
     mode: EngineMode = "auto"
     block_size: int = 16
@@ -112,10 +115,6 @@ class EngineConfig:
             raise InvalidRequestError(f"quantization must be None or 'fp8', got {self.quantization!r}")
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise InvalidRequestError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
-        if self.kv_cache_dtype == "fp8":
-            raise InvalidRequestError(
-                "kv_cache_dtype 'fp8' is not implemented yet: use 'auto' (docs/engine.md, FP8)"
-            )
         positive = {
             "block_size": self.block_size,
             "kv_cache_tokens": self.kv_cache_tokens,

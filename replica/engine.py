@@ -39,6 +39,7 @@ from replica.errors import (
 from replica.fp8_linear import require_fp8_device
 from replica.generation_defaults import GenerationDefaults
 from replica.grammar_compiler import GrammarCompiler
+from replica.kv_quant import cache_dtype
 from replica.late_launch import LateLaunch
 from replica.lora_adapter import LoraAdapter
 from replica.lora_registry import LoraRegistry, build_lora
@@ -62,6 +63,9 @@ class Engine:
         self.dtype = pick_dtype(config.dtype, self.device)
         if config.quantization is not None:  # refused here, before any weight is read
             require_fp8_device(self.device, f"quantization '{config.quantization}'")
+        if config.kv_cache_dtype == "fp8":  # the same rule for an FP8 KV cache (replica/kv_quant.py)
+            require_fp8_device(self.device, "kv_cache_dtype 'fp8'")
+        self.kv_dtype = cache_dtype(config.kv_cache_dtype, self.dtype)
         self.mode = resolve_mode(config.mode, self.device)
         self.loaded: LoadedModel | None = None
         self.core: EngineCore | None = None
@@ -107,7 +111,7 @@ class Engine:
         self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, self.loaded.max_model_len)
         # Multi-LoRA: the slot pool takes its memory before the KV cache is sized from what is left.
         self.lora, lora_slots = build_lora(cfg, self.loaded.model, self.device, self.dtype)
-        per_block = ModelRunner.kv_bytes_per_block(self.loaded.model, cfg.block_size, self.dtype)
+        per_block = ModelRunner.kv_bytes_per_block(self.loaded.model, cfg.block_size, self.kv_dtype)
         self.sizes = sizes = sizes_for(cfg, self.device, per_block)
         num_blocks = sizes.num_kv_blocks
         blocks = BlockManager(num_blocks, cfg.block_size)
@@ -118,7 +122,7 @@ class Engine:
             self.loaded.model, self.device, num_blocks, cfg.block_size, sizes.max_num_batched_tokens,
             sizes.max_num_seqs, self.max_model_len, cfg.cuda_graphs, cfg.fused_kernels, cfg.mixed_cuda_graphs,
             decode_kernel=decode_kernel, k_slices=cfg.decode_k_slices, triton_gemms=cfg.decode_triton_gemms,
-            context_graphs=cfg.context_cuda_graphs, lora=lora_slots,
+            context_graphs=cfg.context_cuda_graphs, lora=lora_slots, kv_dtype=self.kv_dtype,
         )  # fmt: skip
         whole = cfg.keep_prompts_whole and bool(runner.mixed.fresh)  # the rule serves the graphs
         scheduler = Scheduler(
@@ -140,6 +144,7 @@ class Engine:
         return {
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
             "mode": self.mode,
             "max_model_len": self.max_model_len,
             **self.sizes.as_dict(),

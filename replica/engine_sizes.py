@@ -6,6 +6,7 @@ What the config sets is taken as it is. What it leaves unset (None) follows the 
   the weights are loaded (the rest holds activations, CUDA graphs and the sampler's buffers). With
   ``gpu_memory_share`` (replicas sharing one card), of what is left of that share of the device
   after this process's own allocations: two replicas at 0.3 each leave the rest of the card alone.
+  The bytes per block are the cache dtype's (``kv_cache_dtype: fp8`` halves them: twice the blocks).
 * **Step budget** (``max_num_batched_tokens``). CPU: 512. CUDA: 2,048, vLLM's budget for an API
   server and the one the 8B shape was measured with on the H200 (``loadtest/configs/gpu-8b.yaml``):
   a prompt chunk that size shares a step with a full decode batch.

@@ -10,13 +10,17 @@ Taken (config.json `quantization_config`):
 Any other method or scheme is refused (UnsupportedArchitectureError naming it).
 
 The engine always quantises activations per token as they arrive: a checkpoint's static
-`input_scale` (a calibrated per-tensor scale) is read and not used, and so are KV-cache scales
-(`k_scale`, `v_scale`: the cache stays in the model dtype). A projection the checkpoint left in full
-precision (its `ignore` list) is quantised at load like a bf16 checkpoint's.
+`input_scale` (a calibrated per-tensor scale) is read and not used. KV-cache scales (`k_scale`,
+`v_scale`, or one `kv_scale` for both, under `self_attn`, its `k_proj`/`v_proj` or `attn`) become the
+layer's `kv_scales` (`KVScaleReader`), used when the cache is FP8 (replica/kv_quant.py); a per-head
+scale is taken at its largest, so one per-tensor scale covers every head. A projection the
+checkpoint left in full precision (its `ignore` list) is quantised at load like a bf16 checkpoint's.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +29,7 @@ import torch
 from replica.errors import CheckpointError, UnsupportedArchitectureError
 from replica.fp8_linear import FP8Linear, fp8_modules
 from replica.fp8_quant import FP8_DTYPE
+from replica.kv_quant import KVScales
 
 UNUSED_SCALES = ("input_scale", "k_scale", "v_scale", "kv_scale", "output_scale")
 _FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
@@ -177,3 +182,37 @@ class Fp8Writer:
             raise CheckpointError(
                 f"{model_dir}: the checkpoint lacks the weights of {len(missing)}: {missing[:4]}"
             )
+
+
+# layers.N.self_attn[.k_proj|.v_proj|.attn].{k,v,kv}_scale (HF names without "model.")
+_KV_SCALE = re.compile(r"^(layers\.\d+\.self_attn)\.(?:k_proj\.|v_proj\.|attn\.)?(k_scale|v_scale|kv_scale)$")
+
+
+class KVScaleReader:
+    """Collects a checkpoint's KV-cache scales per attention layer, then sets each layer's `kv_scales`."""
+
+    def __init__(self) -> None:
+        self._scales: dict[str, dict[str, float]] = {}
+
+    def takes(self, name: str, tensor: torch.Tensor, path: Path) -> bool:
+        """Records `name` if it is a KV-cache scale (and says so); anything else is left to the caller."""
+        match = _KV_SCALE.match(name)
+        if match is None:
+            return False
+        value = float(tensor.detach().to(torch.float32).max()) if tensor.numel() else float("nan")
+        if not (math.isfinite(value) and value > 0.0):
+            raise CheckpointError(f"{path}: {name} is not a positive finite KV-cache scale ({value})")
+        parts = ("k", "v") if match.group(2) == "kv_scale" else (match.group(2)[0],)
+        for part in parts:
+            self._scales.setdefault(match.group(1), {})[part] = value
+        return True
+
+    def apply(self, model: torch.nn.Module, model_dir: Path) -> None:
+        for module_name, scales in self._scales.items():
+            try:
+                attention = model.get_submodule(module_name)
+            except AttributeError as exc:
+                raise CheckpointError(
+                    f"{model_dir}: KV-cache scales for {module_name}, which the model lacks"
+                ) from exc
+            attention.kv_scales = KVScales(scales.get("k", 1.0), scales.get("v", 1.0))

@@ -21,6 +21,7 @@ from replica.attention import (
 )
 from replica.attention_metadata import AttentionMetadata
 from replica.fp8_linear import FP8Linear, make_linear
+from replica.kv_quant import UNIT_SCALES, KVScales
 from replica.rope import RotaryEmbedding
 from replica.sampler import greedy_pick
 
@@ -69,6 +70,9 @@ class Attention(nn.Module):
         self.qkv_proj = make_linear(hidden, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
         self.o_proj = make_linear(self.q_size, hidden, bias=spec.o_bias)
         self.scale = head_dim**-0.5
+        # An FP8 KV cache's per-tensor scales for this layer (replica/kv_quant.py): 1.0 unless the
+        # checkpoint has them (replica/fp8_checkpoint.py). Unused when the cache is in the model dtype.
+        self.kv_scales: KVScales = UNIT_SCALES
         self.qk_norm = spec.qk_norm  # Qwen3: RMSNorm over each q and k head, before the rotary embedding
         if spec.qk_norm:
             self.q_norm = RMSNorm(head_dim, eps)
@@ -96,8 +100,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = RotaryEmbedding.apply(q, k, *cos_sin)
-        write_kv(kv_cache[0], kv_cache[1], meta.slot_mapping, k, v)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        write_kv(kv_cache[0], kv_cache[1], meta.slot_mapping, k, v, self.kv_scales)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, self.kv_scales)
         return self.o_proj(out.reshape(-1, self.q_size))
 
     def forward_fused(
@@ -111,16 +115,19 @@ class Attention(nn.Module):
         if self.qk_norm:
             self._norm_heads_in_place(qkv)
         if fuses_rope_into_decode(meta, qkv.shape[0]):
-            out = fused_rope_decode(qkv, positions, rope_table, kv_cache, meta, self.heads, self.scale)
+            out = fused_rope_decode(
+                qkv, positions, rope_table, kv_cache, meta, self.heads, self.scale, self.kv_scales
+            )
             return project(self.o_proj, out.reshape(-1, self.q_size), k_slices, triton_o)
         rope_and_cache(
-            qkv, positions, rope_table, meta.slot_mapping, kv_cache, self.heads, self.kv_heads, self.head_dim
-        )
+            qkv, positions, rope_table, meta.slot_mapping, kv_cache, self.heads, self.kv_heads, self.head_dim,
+            self.kv_scales,
+        )  # fmt: skip
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.heads, self.head_dim)
         k = k.view(-1, self.kv_heads, self.head_dim)
         v = v.view(-1, self.kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, self.kv_scales)
         return project(self.o_proj, out.reshape(-1, self.q_size), k_slices, triton_o)
 
 

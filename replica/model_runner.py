@@ -69,6 +69,7 @@ class ModelRunner:
         triton_gemms: tuple[str, ...] = (),
         context_graphs: bool = False,
         lora: LoraSlots | None = None,
+        kv_dtype: torch.dtype | None = None,  # None: the model dtype; float8_e4m3fn (replica/kv_quant.py)
     ) -> None:
         cfg = model.config
         if device.type == "cuda":
@@ -81,10 +82,8 @@ class ModelRunner:
         self.streams = StepStreams(device)
         dtype = next(model.parameters()).dtype
         shape = (num_blocks, block_size, cfg.num_key_value_heads, model.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        cache = partial(torch.zeros, shape, dtype=kv_dtype or dtype, device=device)
+        self.kv_caches = [(cache(), cache()) for _ in range(cfg.num_hidden_layers)]
         self.decode_backend = "triton" if device.type == "cuda" else "torch"
         self.decode_kernel = decode_kernel
         flash = flash_varlen_available(device, dtype, model.head_dim)
@@ -148,6 +147,7 @@ class ModelRunner:
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes of one block of every layer's K and V, `dtype` the cache's (FP8: half of bf16's)."""
         cfg = model.config
         per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model.head_dim
         return per_token * block_size * torch.finfo(dtype).bits // 8

@@ -23,6 +23,7 @@ import torch
 
 from replica.grammar_masks import apply_token_masks
 from replica.io_buffers import StepBuffers
+from replica.kv_quant import copy_blocks
 from replica.llama import LlamaForCausalLM
 from replica.penalty_state import PenaltyState
 from replica.sampler import SamplingTensors, sample
@@ -64,9 +65,9 @@ class StepSampler:
         n = layout.num_copies
         if n:
             src, dst = dev["copy_src"][:n], dev["copy_dst"][:n]
-            for k_cache, v_cache in kv_caches:
-                k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
-                v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
+            for k_cache, v_cache in kv_caches:  # bytes: an FP8 cache has no float8 index_copy_
+                copy_blocks(k_cache, src, dst)
+                copy_blocks(v_cache, src, dst)
         if layout.num_row_copies:
             rows = slice(0, layout.num_row_copies)
             self.penalties.copy_rows(dev["row_copy_src"][rows], dev["row_copy_dst"][rows])

@@ -14,6 +14,10 @@ partial results meet without a second kernel: each program leaves its partial su
 buffer and counts itself in with an atomic; the last of a (sequence, head) to arrive merges them and
 resets the counter for the next call.
 
+An FP8 cache (replica/kv_quant.py) is read as e4m3, cast to the query's dtype for the products
+(exact), and its per-tensor scales applied once: the K scale to the scores, the V scale to the
+output. With rope the kernel stores the new key and value quantised as `rope_and_cache` does.
+
 Triton ships with torch's CUDA builds; it is imported only when a CUDA engine first needs it.
 """
 
@@ -22,6 +26,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from replica.kv_quant import UNIT_SCALES, KVScales, is_fp8
+from replica.triton_fused import to_cache
 
 # Arrival counters, one per (sequence, KV head), zero between calls. Allocated once per device and
 # never replaced: a captured CUDA graph keeps the address it saw.
@@ -34,14 +41,14 @@ _TARGET_PROGRAMS = 256  # about 2 per H200 multiprocessor; more splits measured 
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr, counter_ptr, scale,
-    pos_ptr, rope_ptr, slot_ptr,
+    k_scale, v_scale, inv_k, inv_v, pos_ptr, rope_ptr, slot_ptr,
     stride_q_tok, stride_q_head,
     stride_k_block, stride_k_slot, stride_k_head,
     stride_table,
     stride_o_tok, stride_o_head,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TOKENS: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-    ROPE: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+    ROPE: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -58,11 +65,12 @@ def _paged_decode_kernel(
     if ROPE:  # q_ptr is the step's qkv rows, not yet rotated: rotate q here, and k and v into the cache
         q = _rope_and_store(
             q_ptr, q_rows, k_ptr, v_ptr, pos_ptr, rope_ptr, slot_ptr, seq, kv_head, ctx, start, end, row_ok,
-            stride_q_tok, stride_k_block, stride_k_slot, stride_k_head,
-            HEAD_DIM, BLOCK_SIZE, Q_HEADS, KV_HEADS,
+            stride_q_tok, stride_k_block, stride_k_slot, stride_k_head, inv_k, inv_v,
+            HEAD_DIM, BLOCK_SIZE, Q_HEADS, KV_HEADS, FP8,
         )  # fmt: skip
     else:
         q = tl.load(q_rows + dims[None, :], mask=row_ok[:, None], other=0.0)
+    qk_scale = scale * k_scale  # an FP8 cache's K scale, applied to the scores (1.0 otherwise)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -74,16 +82,18 @@ def _paged_decode_kernel(
         base = (
             block.to(tl.int64) * stride_k_block + (pos % BLOCK_SIZE) * stride_k_slot + kv_head * stride_k_head
         )
-        k = tl.load(k_ptr + base[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        k = tl.load(k_ptr + base[:, None] + dims[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + base[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptr + base[:, None] + dims[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
+    if FP8:  # the V scale, once per output (the splits' merge is linear in acc)
+        acc = acc * v_scale
     out_ptrs = out_ptr + seq * stride_o_tok + heads[:, None] * stride_o_head + dims[None, :]
     if SPLITS == 1:
         tl.store(out_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -118,13 +128,16 @@ def _rotate(x_ptrs, partner_ptrs, cos, sin, sign, mask, dt: tl.constexpr):
 @triton.jit
 def _rope_and_store(
     qkv_ptr, q_rows, k_ptr, v_ptr, pos_ptr, rope_ptr, slot_ptr, seq, kv_head, ctx, start, end, row_ok,
-    stride_tok, stride_k_block, stride_k_slot, stride_k_head,
+    stride_tok, stride_k_block, stride_k_slot, stride_k_head, inv_k, inv_v,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+    FP8: tl.constexpr,
 ):  # fmt: skip
     """The rotated q of this program's head group. The program whose context share holds the new
     token (position ctx - 1) also rotates its key and stores key and value at the token's slot; a
-    barrier makes the stores visible to the rest of the program before its loop reads them."""
-    dt = k_ptr.dtype.element_ty
+    barrier makes the stores visible to the rest of the program before its loop reads them. The
+    rotation rounds to the model dtype (qkv's); the stores cast or quantise to the cache's."""
+    dt = qkv_ptr.dtype.element_ty
+    cdt = k_ptr.dtype.element_ty
     dims = tl.arange(0, HEAD_DIM)
     partner = (dims + HEAD_DIM // 2) % HEAD_DIM  # rotate_half's source column
     sign = tl.where(dims < HEAD_DIM // 2, -1.0, 1.0)
@@ -144,8 +157,8 @@ def _rope_and_store(
             + (slot % BLOCK_SIZE) * stride_k_slot
             + kv_head * stride_k_head
         )
-        tl.store(k_ptr + dest + dims, k)
-        tl.store(v_ptr + dest + dims, v.to(dt))
+        tl.store(k_ptr + dest + dims, to_cache(k, inv_k, cdt, FP8))
+        tl.store(v_ptr + dest + dims, to_cache(v, inv_v, cdt, FP8))
         tl.debug_barrier()
     return q
 
@@ -211,6 +224,7 @@ def paged_decode_attention(
     num_warps: int = 4,
     num_stages: int = 3,
     rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """q [B, heads, D]; caches [blocks, block_size, kv_heads, D]; tables [B, W]; lens [B] -> [B, heads, D].
 
@@ -222,6 +236,7 @@ def paged_decode_attention(
     of the reserved block 0; they store the same key there and their outputs are dropped.
 
     `splits` defaults to `default_splits` over the table's width (the longest context it can hold).
+    An FP8 cache (float8_e4m3fn) is read with `kv_scales` and, with rope, written with them.
     """
     batch, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -234,8 +249,11 @@ def paged_decode_attention(
         splits = 1 if fp32 else default_splits(batch, kv_heads, block_tables.shape[1] * block_size, tokens)
     if splits > 1 and batch * kv_heads > _COUNTER_SLOTS:
         raise ValueError(f"split launches take at most {_COUNTER_SLOTS} (sequence, KV head) pairs")
-    if rope is not None and (q.stride(1) != dim or k_cache.dtype != q.dtype):
-        raise ValueError("with rope, q must be qkv rows' query part and share the cache's dtype")
+    fp8 = is_fp8(k_cache)
+    if fp8 != is_fp8(v_cache) or (not fp8 and (k_cache.dtype != q.dtype or v_cache.dtype != q.dtype)):
+        raise ValueError("the K and V caches must share q's dtype, or both be float8_e4m3fn")
+    if rope is not None and q.stride(1) != dim:
+        raise ValueError("with rope, q must be qkv rows' query part")
     if rope is not None and batch > 1 and q.stride(0) < (heads + 2 * kv_heads) * dim:  # (one row: any stride)
         raise ValueError("with rope, q must be the query part of the step's qkv rows (k and v follow it)")
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
@@ -249,14 +267,14 @@ def paged_decode_attention(
     positions, table, slots = rope if rope is not None else (context_lens, context_lens, context_lens)
     _paged_decode_kernel[(batch, kv_heads, splits)](
         q, k_cache, v_cache, out, block_tables, context_lens, part_acc, part_ml, counters, scale,
-        positions, table, slots,
+        kv_scales.k, kv_scales.v, *kv_scales.inverse, positions, table, slots,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim,
         BLOCK_SIZE=block_size, TOKENS=tokens, SPLITS=splits,
-        ROPE=rope is not None, Q_HEADS=heads, KV_HEADS=kv_heads,
+        ROPE=rope is not None, Q_HEADS=heads, KV_HEADS=kv_heads, FP8=fp8,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays exact; bf16 ignores it
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -12,6 +12,21 @@ import torch
 import triton
 import triton.language as tl
 
+from replica.kv_quant import UNIT_SCALES, KVScales, is_fp8
+
+FP8_MAX = 448.0  # e4m3's largest finite value (replica/fp8_quant.py)
+
+
+@triton.jit
+def to_cache(x, inv_scale, dt: tl.constexpr, FP8: tl.constexpr):
+    """x as the cache stores it: FP8, x · (1 / scale) in float32 saturated at ±448 and rounded to
+    e4m3 (replica/kv_quant.py `quantize_kv`); otherwise x cast to the cache's dtype."""
+    if FP8:
+        scaled = x.to(tl.float32) * inv_scale
+        return tl.minimum(tl.maximum(scaled, -FP8_MAX), FP8_MAX).to(dt)
+    else:
+        return x.to(dt)
+
 
 @triton.jit
 def _add_rmsnorm_kernel(
@@ -71,8 +86,8 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.
 
 @triton.jit
 def _rope_cache_kernel(
-    qkv_ptr, pos_ptr, table_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, stride_tok,
-    Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr,
+    qkv_ptr, pos_ptr, table_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, stride_tok, inv_k, inv_v,
+    Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -94,11 +109,12 @@ def _rope_cache_kernel(
         kv_head = head - Q_HEADS
         slot = tl.load(slot_ptr + tok)
         dest = slot * KV_HEADS * DIM + kv_head * DIM
-        tl.store(k_cache_ptr + dest + d, o1.to(k_cache_ptr.dtype.element_ty))
-        tl.store(k_cache_ptr + dest + HALF + d, o2.to(k_cache_ptr.dtype.element_ty))
+        cdt = k_cache_ptr.dtype.element_ty
+        tl.store(k_cache_ptr + dest + d, to_cache(o1, inv_k, cdt, FP8))  # the rounded key, as torch stores it
+        tl.store(k_cache_ptr + dest + HALF + d, to_cache(o2, inv_k, cdt, FP8))
         dd = tl.arange(0, DIM)
         v = tl.load(qkv_ptr + tok * stride_tok + (Q_HEADS + KV_HEADS + kv_head) * DIM + dd)
-        tl.store(v_cache_ptr + dest + dd, v.to(v_cache_ptr.dtype.element_ty))
+        tl.store(v_cache_ptr + dest + dd, to_cache(v, inv_v, cdt, FP8))
 
 
 def rope_and_cache(
@@ -110,12 +126,15 @@ def rope_and_cache(
     q_heads: int,
     kv_heads: int,
     dim: int,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> None:
-    """Rotate q and k of qkv [T, (q_heads + 2 kv_heads) * dim] in place and store k, v at their slots."""
+    """Rotate q and k of qkv [T, (q_heads + 2 kv_heads) * dim] in place and store k, v at their slots
+    (an FP8 cache: quantised with the layer's scales, as replica/attention.py `write_kv` does)."""
     tokens = qkv.shape[0]
+    inv_k, inv_v = kv_scales.inverse
     _rope_cache_kernel[(tokens, q_heads + kv_heads)](
-        qkv, positions, table, slots, kv_cache[0], kv_cache[1], qkv.stride(0),
-        Q_HEADS=q_heads, KV_HEADS=kv_heads, DIM=dim, HALF=dim // 2,
+        qkv, positions, table, slots, kv_cache[0], kv_cache[1], qkv.stride(0), inv_k, inv_v,
+        Q_HEADS=q_heads, KV_HEADS=kv_heads, DIM=dim, HALF=dim // 2, FP8=is_fp8(kv_cache[0]),
     )  # fmt: skip
 
 

@@ -11,7 +11,8 @@ which is what a continued (chunked) prompt needs.
 
 Keys of a chunk that is its sequence's whole context are this step's new keys (no cache read); a
 chunk that continues a sequence reads its earlier keys from the paged cache (one gather per such
-chunk, as the reference does).
+chunk, as the reference does). An FP8 cache's gathered keys and values are dequantised to the
+query's dtype first (replica/kv_quant.py): flash attention reads bf16/fp16 only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from replica.attention_metadata import AttentionMetadata, PrefillChunk
+from replica.kv_quant import UNIT_SCALES, KVScales, gather, gather_slots
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -39,10 +41,11 @@ def varlen_prefill_attention(
     kv_cache: tuple[torch.Tensor, torch.Tensor],
     meta: AttentionMetadata,
     scale: float,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """Attention of the prefill rows q[num_decode:] ([rows, heads, D]); k, v hold the step's new keys."""
     nd = meta.num_decode
-    keys, values = _packed_keys(k, v, kv_cache, meta)
+    keys, values = _packed_keys(k, v, kv_cache, meta, kv_scales)
     out = torch.ops.aten._flash_attention_forward(
         q[nd:],
         keys,
@@ -66,6 +69,7 @@ def padded_mixed_attention(
     kv_cache: tuple[torch.Tensor, torch.Tensor],
     meta: AttentionMetadata,
     scale: float,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """A mixed step in fixed shapes (what a mixed CUDA graph captures; see mixed_graphs.py).
 
@@ -82,8 +86,8 @@ def padded_mixed_attention(
     keys, values, key_offsets = k, v, offsets
     if meta.prefill_key_slots is not None:
         slots = meta.prefill_key_slots
-        keys = kv_cache[0].flatten(0, 1).index_select(0, slots)
-        values = kv_cache[1].flatten(0, 1).index_select(0, slots)
+        keys = gather_slots(kv_cache[0], slots, kv_scales.k, q.dtype)
+        values = gather_slots(kv_cache[1], slots, kv_scales.v, q.dtype)
         key_offsets = meta.prefill_cu_k
     out = torch.ops.aten._flash_attention_forward(
         q, keys, values, offsets, key_offsets, meta.prefill_max_q, meta.prefill_max_k, 0.0, True, False,
@@ -98,13 +102,16 @@ def padded_mixed_attention(
         meta.decode_context_lens,
         scale,
         **meta.decode_kernel.launch_args(),
+        kv_scales=kv_scales,
     )
     is_decode = torch.arange(rows, device=q.device, dtype=meta.decode_rows.dtype) < meta.decode_rows
     out[:rows] = torch.where(is_decode[:, None, None], decoded, out[:rows])
     return out
 
 
-def _packed_keys(k, v, kv_cache, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed_keys(
+    k, v, kv_cache, meta: AttentionMetadata, kv_scales: KVScales
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each chunk's keys back to back, in the order of its queries."""
     nd = meta.num_decode
     if all(c.context_len == c.q_len for c in meta.prefills):
@@ -116,13 +123,13 @@ def _packed_keys(k, v, kv_cache, meta: AttentionMetadata) -> tuple[torch.Tensor,
             key_parts.append(k[rows])
             value_parts.append(v[rows])
         else:
-            key_parts.append(_cached(kv_cache[0], chunk))
-            value_parts.append(_cached(kv_cache[1], chunk))
+            key_parts.append(_cached(kv_cache[0], chunk, kv_scales.k, k.dtype))
+            value_parts.append(_cached(kv_cache[1], chunk, kv_scales.v, v.dtype))
     return torch.cat(key_parts), torch.cat(value_parts)
 
 
-def _cached(cache: torch.Tensor, chunk: PrefillChunk) -> torch.Tensor:
+def _cached(cache: torch.Tensor, chunk: PrefillChunk, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """The chunk's whole context ([context_len, kv_heads, D]), its new keys included (already written)."""
     block_size = cache.shape[1]
     table = chunk.block_table[: -(-chunk.context_len // block_size)]
-    return cache[table].flatten(0, 1)[: chunk.context_len]
+    return gather(cache, table, scale, dtype).flatten(0, 1)[: chunk.context_len]

@@ -13,7 +13,7 @@ import torch
 
 from replica.checkpoint import checkpoint_tensors
 from replica.errors import CheckpointError
-from replica.fp8_checkpoint import UNUSED_SCALES, Fp8Writer
+from replica.fp8_checkpoint import UNUSED_SCALES, Fp8Writer, KVScaleReader
 from replica.fp8_linear import fp8_modules, init_random_fp8
 from replica.llama import LlamaForCausalLM
 
@@ -40,12 +40,13 @@ def load_checkpoint(model: LlamaForCausalLM, model_dir: Path) -> None:
     params = dict(model.named_parameters())
     written: set[str] = set()
     fp8 = Fp8Writer(model) if fp8_modules(model) else None
+    kv_scales = KVScaleReader()
     for hf_name, tensor, path in checkpoint_tensors(model_dir):
         name = hf_name.removeprefix("model.")
         if "rotary_emb" in name or (name == "lm_head.weight" and model.config.tie_word_embeddings):
             continue  # rope tables are computed; a tied head is the embedding (some writers save both)
-        if fp8 is not None and name.endswith(("self_attn.k_scale", "self_attn.v_scale")):
-            continue  # KV-cache scales: the cache stays in the model dtype
+        if kv_scales.takes(name, tensor, path):
+            continue  # KV-cache scales: used when the cache is FP8 (replica/kv_quant.py)
         match = _FUSED_NAME.search(name)
         shard = None
         if match:
@@ -68,6 +69,7 @@ def load_checkpoint(model: LlamaForCausalLM, model_dir: Path) -> None:
             target.copy_(tensor)
         written.add(name if shard is None else f"{name}#{shard}")
     _check_complete(model, written, model_dir)
+    kv_scales.apply(model, model_dir)
     if fp8 is not None:
         fp8.check_complete(model_dir)
 

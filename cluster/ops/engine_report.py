@@ -35,12 +35,18 @@ def sizes_line(model: ModelSettings, info: dict[str, Any] | None) -> str:
     if clamped:
         room_note = f"set {model.replica_room}, clamped to the slots"
     return (
-        f"{model.name}: {info['device']} {info['dtype']}, "
+        f"{model.name}: {info['device']} {info['dtype']}{_kv_note(info)}, "
         f"{info['max_num_seqs']} slots{_mark('max_num_seqs', chosen)}, "
         f"{info['kv_tokens']:,} KV tokens{_mark('num_kv_blocks', chosen)}, "
         f"{info['max_num_batched_tokens']:,} tokens per step{_mark('max_num_batched_tokens', chosen)}, "
         f"context {info['max_model_len']:,}, room {room} per replica ({room_note})"
     )
+
+
+def _kv_note(info: dict[str, Any]) -> str:
+    """' with float8_e4m3fn KV' where the KV cache is not in the model dtype (kv_cache_dtype fp8)."""
+    kv = info.get("kv_cache_dtype", info["dtype"])
+    return "" if kv == info["dtype"] else f" with {kv} KV"
 
 
 def _mark(field: str, chosen: set[str]) -> str:

@@ -128,13 +128,12 @@ def test_fp8_is_refused_on_the_cpu_with_the_reason() -> None:
         Engine(EngineConfig(device="cpu", quantization="fp8"))
 
 
-def test_unknown_quantization_and_fp8_kv_are_refused_by_the_config() -> None:
+def test_unknown_quantization_and_kv_dtypes_are_refused_by_the_config() -> None:
     with pytest.raises(InvalidRequestError, match="quantization"):
         EngineConfig(quantization="int4")
     with pytest.raises(InvalidRequestError, match="kv_cache_dtype"):
         EngineConfig(kv_cache_dtype="int8")
-    with pytest.raises(InvalidRequestError, match="not implemented"):
-        EngineConfig(kv_cache_dtype="fp8")
+    assert EngineConfig(kv_cache_dtype="fp8").kv_cache_dtype == "fp8"  # valid; the device decides at Engine()
     assert EngineConfig(quantization="fp8").quantization == "fp8"  # valid; the device decides at Engine()
 
 
@@ -146,22 +145,35 @@ QUALITY_TEXT = "\n\n".join(PARAGRAPHS)  # 8 plain English paragraphs, 324 tokens
 MAX_PERPLEXITY_RISE = 0.08
 
 
-def _perplexity(model, ids: list[int]) -> float:
-    """exp(mean NLL) of every next token of `ids`, one prefill chunk through the paged-cache model."""
+def _logits(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.float32) -> torch.Tensor:
+    """float32 logits [n, vocab] of every position of `ids` through the paged-cache model. One prefill
+    chunk by default (its attention reads its own new keys, never the cache); with `chunk`, prefill
+    chunks of that many tokens, each after the first reading its context back from a cache of
+    `kv_dtype` (float8_e4m3fn: quantised on write, dequantised on read, replica/kv_quant.py)."""
     n = len(ids)
     cfg = model.config
     block = 16
     blocks = -(-n // block) + 1
     shape = (blocks, block, cfg.num_key_value_heads, model.head_dim)
-    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_hidden_layers)]
+    caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype)) for _ in model.layers]
     table = torch.arange(1, blocks)
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(block, block + n), num_decode=0, decode_block_tables=torch.zeros(0, 1),
-        decode_context_lens=torch.zeros(0), prefills=[PrefillChunk(0, n, n, table)],
-    )  # fmt: skip
-    with torch.no_grad():
-        hidden = model(torch.tensor(ids), torch.arange(n), caches, meta)
-        logits = model.compute_logits(hidden)[:-1]
+    parts = []
+    for start in range(0, n, chunk or n):
+        end = min(n, start + (chunk or n))
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(block + start, block + end), num_decode=0,
+            decode_block_tables=torch.zeros(0, 1), decode_context_lens=torch.zeros(0),
+            prefills=[PrefillChunk(0, end - start, end, table)],
+        )  # fmt: skip
+        with torch.no_grad():
+            hidden = model(torch.tensor(ids[start:end]), torch.arange(start, end), caches, meta)
+            parts.append(model.compute_logits(hidden))
+    return torch.cat(parts)
+
+
+def _perplexity(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.float32) -> float:
+    """exp(mean NLL) of every next token of `ids` (see `_logits` for `chunk` and `kv_dtype`)."""
+    logits = _logits(model, ids, chunk, kv_dtype)[:-1]
     nll = nn.functional.cross_entropy(logits, torch.tensor(ids[1:]))
     return math.exp(float(nll))
 

@@ -45,4 +45,4 @@ def test_the_settings_refuse_unknown_values() -> None:
     with pytest.raises(ValueError, match="quantization"):
         AppConfig.model_validate({"engine": {"quantization": "int8"}})
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        AppConfig.model_validate({"engine": {"kv_cache_dtype": "fp8"}})  # not implemented yet
+        AppConfig.model_validate({"engine": {"kv_cache_dtype": "int8"}})
