@@ -14,7 +14,7 @@ import triton.language as tl
 
 from replica.kv_quant import UNIT_SCALES, KVScales, is_fp8
 
-FP8_MAX = 448.0  # e4m3's largest finite value (replica/fp8_quant.py)
+FP8_MAX = tl.constexpr(448.0)  # e4m3's largest value (fp8_quant.py); kernels read constexpr globals only
 
 
 @triton.jit

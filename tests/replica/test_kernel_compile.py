@@ -50,6 +50,7 @@ def decode_types(dtype: str) -> dict[str, str]:
     return (
         pointers
         | {"scale": "fp32", "stride_k_block": "i64"}
+        | dict.fromkeys(("k_scale", "v_scale", "inv_k", "inv_v"), "fp32")  # an FP8 cache's scales
         | dict.fromkeys(strides, "i32")
         | {"stride_o_tok": "i32", "stride_o_head": "i32"}
     )
@@ -68,7 +69,7 @@ DECODE_VARIANTS = [
 def test_decode_attention_compiles_and_orders_its_split_merge(dtype, rope, splits):
     constants = dict(
         GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, TOKENS=128, SPLITS=splits,
-        PRECISION="ieee" if dtype == "fp32" else "tf32", ROPE=rope, Q_HEADS=32, KV_HEADS=8,
+        PRECISION="ieee" if dtype == "fp32" else "tf32", ROPE=rope, Q_HEADS=32, KV_HEADS=8, FP8=False,
     )  # fmt: skip
     ptx = compile_for_h200(_paged_decode_kernel, decode_types(dtype), constants).asm["ptx"]
     lines = ptx.splitlines()
@@ -100,14 +101,15 @@ def test_decode_and_rope_kernels_compile_for_each_architecture_shape(dtype, head
         constants = dict(
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=16,
             TOKENS=128, SPLITS=splits, PRECISION="ieee" if dtype == "fp32" else "tf32", ROPE=rope,
-            Q_HEADS=heads, KV_HEADS=kv_heads,
+            Q_HEADS=heads, KV_HEADS=kv_heads, FP8=False,
         )  # fmt: skip
         assert (
             "st.global" in compile_for_h200(_paged_decode_kernel, decode_types(dtype), constants).asm["ptx"]
         )
     rope_types = {"qkv_ptr": f"*{dtype}", "pos_ptr": "*i64", "table_ptr": "*fp32", "slot_ptr": "*i64"}
     rope_types |= {"k_cache_ptr": f"*{dtype}", "v_cache_ptr": f"*{dtype}", "stride_tok": "i32"}
-    shape = dict(Q_HEADS=heads, KV_HEADS=kv_heads, DIM=head_dim, HALF=head_dim // 2)
+    rope_types |= {"inv_k": "fp32", "inv_v": "fp32"}
+    shape = dict(Q_HEADS=heads, KV_HEADS=kv_heads, DIM=head_dim, HALF=head_dim // 2, FP8=False)
     assert "st.global" in compile_for_h200(_rope_cache_kernel, rope_types, shape).asm["ptx"]
 
 
@@ -121,8 +123,16 @@ def test_add_rmsnorm_compiles_with_and_without_partials(parts, has_res):
 
 def test_rope_cache_and_silu_kernels_compile():
     rope_types = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "table_ptr": "*fp32", "slot_ptr": "*i64"}
-    rope_types |= {"k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "stride_tok": "i32"}
-    rope = compile_for_h200(_rope_cache_kernel, rope_types, dict(Q_HEADS=32, KV_HEADS=8, DIM=128, HALF=64))
+    rope_types |= {
+        "k_cache_ptr": "*bf16",
+        "v_cache_ptr": "*bf16",
+        "stride_tok": "i32",
+        "inv_k": "fp32",
+        "inv_v": "fp32",
+    }
+    rope = compile_for_h200(
+        _rope_cache_kernel, rope_types, dict(Q_HEADS=32, KV_HEADS=8, DIM=128, HALF=64, FP8=False)
+    )
     silu_types = {"gate_up_ptr": "*bf16", "out_ptr": "*bf16", "inter": "i32"}
     silu = compile_for_h200(_silu_mul_kernel, silu_types, dict(BLOCK=1024))
     assert "st.global" in rope.asm["ptx"] and "st.global" in silu.asm["ptx"]
