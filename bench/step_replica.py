@@ -45,6 +45,9 @@ class StepReplica:
         self._running: dict[str, _Sequence] = {}
         self._stepper: asyncio.Task | None = None
         self._channels = ChannelSet()
+        # The id its outputs and loads name. A Serve replica's must be its own: a router's slot on a
+        # replica outside Serve's running set holds no room, so with "step" no stream counted.
+        self.replica_id = "step"
 
     async def generate_channel(self, args: GenerateArgs) -> dict[str, Any]:
         return await self._channels.forward(args, self.generate(args))
@@ -61,7 +64,7 @@ class StepReplica:
                 seq.ready.clear()
                 now = time.monotonic()
                 if sent == 0 or seq.produced == wanted or now - last >= args.coalesce_s:
-                    yield _item(args, sent, seq.produced, wanted)
+                    yield _item(args, sent, seq.produced, wanted, self.replica_id)
                     sent, last = seq.produced, now
         finally:
             self._running.pop(args.request_id, None)
@@ -79,7 +82,7 @@ class StepReplica:
         self._stepper = None
 
     def load(self) -> dict[str, Any]:
-        return {"replica_id": "step", "running": len(self._running), "waiting": 0, "waiting_tokens": 0}
+        return {"replica_id": self.replica_id, "running": len(self._running), "waiting": 0, "waiting_tokens": 0}
 
     def record_routing_stats(self) -> dict[str, Any]:
         running = len(self._running)
@@ -89,10 +92,10 @@ class StepReplica:
         return stats | {"reported_at": time.time()}
 
     def profile(self) -> dict[str, Any]:
-        return {"replica_id": "step"}
+        return {"replica_id": self.replica_id}
 
     def info(self) -> dict[str, Any]:
-        return {"replica_id": "step", "max_model_len": self._max_len, "kv_tokens": 1 << 20}
+        return {"replica_id": self.replica_id, "max_model_len": self._max_len, "kv_tokens": 1 << 20}
 
 
 class BoardStepReplica(StepReplica):
@@ -102,16 +105,18 @@ class BoardStepReplica(StepReplica):
     async def __init__(
         self, tpot_s: float, generation: str = "", model: str = "", direct: bool = False
     ) -> None:
+        from ray import serve
+
         super().__init__(tpot_s)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._submit: SubmitServer | None = None
         self._publisher: asyncio.Task | None = None
         if direct:
             import ray
-            from ray import serve
 
             self._submit = SubmitServer(self.generate_channel, self.record_routing_stats)
             await self._submit.start(ray.util.get_node_ip_address())
-            rid = serve.get_replica_context().replica_id.unique_id
+            rid = self.replica_id
             self._publisher = asyncio.get_running_loop().create_task(self._publish(generation, rid, model))
 
     async def _publish(self, generation: str, rid: str, model: str) -> None:
@@ -123,7 +128,7 @@ class BoardStepReplica(StepReplica):
             await asyncio.sleep(replica_board.PUBLISH_EVERY_S)
 
 
-def _item(args: GenerateArgs, sent: int, upto: int, wanted: int) -> dict[str, Any]:
+def _item(args: GenerateArgs, sent: int, upto: int, wanted: int, replica_id: str) -> dict[str, Any]:
     ids = list(range(FIRST_TOKEN_ID + sent, FIRST_TOKEN_ID + upto))
     return {
         "request_id": args.request_id,
@@ -135,5 +140,5 @@ def _item(args: GenerateArgs, sent: int, upto: int, wanted: int) -> dict[str, An
         "num_output_tokens": upto,
         "total_output_tokens": upto,
         "done": upto == wanted,
-        "replica_id": "step",
+        "replica_id": replica_id,
     }

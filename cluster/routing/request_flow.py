@@ -155,8 +155,10 @@ class RequestRunner:
             return self._replicas.generate.remote(args)
         # On the channel every output waits at most one flush: the frame is shared by all streams,
         # so spacing one stream's outputs further saves nothing. The flush follows the item budget:
-        # each output leaves as the engine makes it until the open streams need coalescing.
-        self.flush_now_s = channel_flush(self.flush_s, self.dispatcher.in_flight, self._items_per_s)
+        # each output leaves as the engine makes it until the open streams need coalescing. (The
+        # channel's open streams, not the dispatcher's slots: a slot on a replica outside Serve's
+        # running set holds no room, and its stream still costs an item per flush.)
+        self.flush_now_s = channel_flush(self.flush_s, self.channel.open_streams + 1, self._items_per_s)
         args = GenerateArgs(
             engine_id,
             job.prompt_ids,
@@ -220,6 +222,7 @@ class ActiveRequest:
         self.first: dict[str, Any] | None = None
         self.retries = 0
         self.gaps = InterTokenGaps()
+        self._count_tokens = runner.metrics.token_counter(timing.tenant_id, timing.sla_class)
         self._finished = False
         self._closed = False
 
@@ -297,7 +300,7 @@ class ActiveRequest:
         if new > 0:
             self.gaps.add(time.monotonic(), new)
             t.output_tokens = item["total_output_tokens"]
-            self._runner.metrics.observe_tokens(t.tenant_id, t.sla_class, new)
+            self._count_tokens(new)
         if "engine_ttft_s" in item:  # on a choice's last output
             t.engine_queue, t.engine_ttft = item["engine_queue_s"], item["engine_ttft_s"]
         if item["done"]:

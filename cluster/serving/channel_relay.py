@@ -22,8 +22,9 @@ class ChannelRelay:
     """The ``on_output`` of one request whose outputs travel on ``channel``; ``answer()`` is the
     replica call's answer once the request ended."""
 
-    def __init__(self, channel: RouterChannel, replica_id: str, samples: int) -> None:
+    def __init__(self, channel: RouterChannel, replica_id: str, samples: int, request_id: str) -> None:
         self._channel = channel
+        self._request_id = request_id
         self._tally = OutputTally(replica_id, samples)
         self.tokens = 0  # put on the channel so far
         # None once the last output is on the channel, or the request's error item.
@@ -48,4 +49,4 @@ class ChannelRelay:
                 self.ended.set_result(None)
 
     async def answer(self) -> dict[str, Any]:
-        return await self._channel.answer(await self.ended, self.tokens)
+        return await self._channel.answer(self._request_id, await self.ended, self.tokens)

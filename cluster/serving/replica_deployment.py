@@ -153,7 +153,7 @@ class ReplicaServer:
         if isinstance(params, dict):
             return params
         channel = self._channels.channel(args.reply_to, args.channel_key, args.flush_s)
-        relay = ChannelRelay(channel, self._replica_id, params.n)
+        relay = ChannelRelay(channel, self._replica_id, params.n, args.request_id)
         try:
             if args.adapter is not None:
                 await self._adapters.ensure(args.adapter, args.adapter_path)

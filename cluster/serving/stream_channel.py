@@ -11,7 +11,11 @@ while few streams are open, so each engine step's outputs leave in a frame of th
 Order: a request's outputs are merged per choice while they wait (tokens and text concatenated), and
 a choice's newest output moves to the end of the frame, so the output that ends the request is the
 last of it. One connection per router and TCP keep every request's outputs in order, each once.
-The first output of a request and its last leave at once; the others wait at most one flush.
+The first output of a request and its last leave at once, in a frame of their own: the other
+streams' outputs keep waiting for the tick. (Flushing everything on each first or last output would
+make a frame every ~10 ms at a few hundred open streams, each stream's outputs one token each, and the
+router pays per output: a socket write to the client, a rendered event.) The others wait at most
+``flush_s`` after the last full flush.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class RouterChannel:
         self._key = key
         self.flush_s = flush_s
         self._pending: dict[tuple[str, int], dict[str, Any]] = {}
-        self._waiters: list[asyncio.Future] = []
+        self._now: set[str] = set()  # requests whose pending outputs leave without waiting for the tick
+        self._waiters: list[tuple[str, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._urgent: asyncio.Future | None = None
         self._hurried = False
@@ -46,30 +51,34 @@ class RouterChannel:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def put(self, item: dict[str, Any], urgent: bool) -> None:
-        """Queue an output for the next flush; ``urgent`` flushes without waiting for the tick."""
-        key = (item["request_id"], item["index"])
+        """Queue an output for the next flush; ``urgent``: its request's outputs leave at once."""
+        request_id = item["request_id"]
+        key = (request_id, item["index"])
         held = self._pending.pop(key, None)  # popped: the newest output goes last
         self._pending[key] = item if held is None else merge_items(held, item)
         self._wake.set()
         if urgent:
+            self._now.add(request_id)
             self._hurry()
 
-    async def flushed(self) -> None:
-        """Wait until every output queued so far is written; raises if the connection failed."""
+    async def flushed(self, request_id: str) -> None:
+        """Wait until every output of ``request_id`` queued so far is written; raises if the
+        connection failed."""
         if self.broken is not None:
             raise self.broken
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((request_id, waiter))
+        self._now.add(request_id)
         self._wake.set()
         self._hurry()
         await waiter
 
-    async def answer(self, error: dict[str, Any] | None, tokens: int) -> dict[str, Any]:
+    async def answer(self, request_id: str, error: dict[str, Any] | None, tokens: int) -> dict[str, Any]:
         """A request's answer once its outputs are queued: ``{"ok": True}`` when they are written, or
         its error item with ``after_tokens``, the tokens written before it (the router ends the stream
         with it once it has read those); a failed channel answers with a ``channel_error`` item."""
         try:
-            await self.flushed()
+            await self.flushed(request_id)
         except (ConnectionError, OSError) as exc:
             return error_item("channel_error", f"the router's stream channel failed: {exc}")
         return {"ok": True} if error is None else {**error, "after_tokens": tokens}
@@ -79,9 +88,22 @@ class RouterChannel:
         if self._urgent is not None and not self._urgent.done():
             self._urgent.set_result(None)
 
+    def _take(self, everything: bool) -> tuple[list[dict[str, Any]], list[asyncio.Future]]:
+        """The outputs for this frame, and the waiters that it satisfies once written: every
+        pending output when the tick is due, else only the urgent requests' ones."""
+        now, self._now = self._now, set()
+        if everything:
+            items, self._pending = list(self._pending.values()), {}
+            waiters, self._waiters = [w for _, w in self._waiters], []
+            return items, waiters
+        items = [self._pending.pop(key) for key in [k for k in self._pending if k[0] in now]]
+        waiters = [w for request_id, w in self._waiters if request_id in now]
+        self._waiters = [(r, w) for r, w in self._waiters if r not in now]
+        return items, waiters
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        last = 0.0
+        last = 0.0  # the last full flush: every output waits at most flush_s after it
         try:
             host, port = self.address.rsplit(":", 1)
             reader, self._writer = await asyncio.open_connection(host, int(port))
@@ -95,12 +117,15 @@ class RouterChannel:
                     await asyncio.wait([self._urgent], timeout=delay)
                 self._wake.clear()
                 self._hurried = False
-                items, waiters = list(self._pending.values()), self._waiters
-                self._pending, self._waiters = {}, []
+                everything = loop.time() >= last + self.flush_s
+                items, waiters = self._take(everything)
+                if everything:
+                    last = loop.time()
+                elif self._pending:
+                    self._wake.set()  # the rest still leaves at the tick
                 if items:
                     self._writer.write(encode(items))
                     await self._writer.drain()
-                last = loop.time()
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
@@ -126,7 +151,7 @@ class RouterChannel:
         if not isinstance(exc, OSError):  # what ``forward`` turns into the request's error item
             exc = ConnectionError(repr(exc))
         self.broken = exc
-        for waiter in self._waiters:
+        for _, waiter in self._waiters:
             if not waiter.done():
                 waiter.set_exception(exc)
         self._waiters, self._pending = [], {}
@@ -172,7 +197,7 @@ class ChannelSet:
                     break
                 channel.put(item, urgent=tokens == 0 or item["done"])
                 tokens += len(item["token_ids"])
-        return await channel.answer(error, tokens)
+        return await channel.answer(args.request_id, error, tokens)
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from cluster.telemetry.request_timing import RequestTiming
@@ -150,8 +152,10 @@ class ClusterMetrics:
         self.requests.labels(tenant_id, sla_class, "rejected").inc()
         self.rejections.labels(tenant_id, sla_class, reason).inc()
 
-    def observe_tokens(self, tenant_id: str, sla_class: str, count: int) -> None:
-        self.output_tokens.labels(tenant_id, sla_class).inc(count)
+    def token_counter(self, tenant_id: str, sla_class: str) -> Callable[[float], None]:
+        """Counts one tenant and class's output tokens, its labels looked up once: a stream counts
+        every output it reads, and the lookup cost more than the count."""
+        return self.output_tokens.labels(tenant_id, sla_class).inc
 
     def observe_load(self, load: dict, model: str) -> None:
         labels = (str(load.get("replica_id", "?")), model)

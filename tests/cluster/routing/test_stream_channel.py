@@ -86,6 +86,7 @@ class ChannelReplicas:
         self.paced = paced
         self.fail_first = fail_first
         self.calls: list[str] = []
+        self.sent: list[GenerateArgs] = []
         self.generate_channel = self
 
     def options(self, **_: object) -> ChannelReplicas:
@@ -93,6 +94,7 @@ class ChannelReplicas:
 
     def remote(self, args: GenerateArgs) -> FakeCall:
         self.calls.append(args.request_id)
+        self.sent.append(args)
         if len(self.calls) <= self.fail_first:
             return FakeCall(_dead())
         return FakeCall(self.channels.forward(args, self.paced.outputs(args)))
@@ -206,6 +208,29 @@ async def test_many_streams_get_every_token_in_order_exactly_once(mode: str) -> 
     assert receiver.frames < receiver.outputs  # frames carried several streams' outputs at once
     assert receiver.open_streams == 0 and runner.dispatcher.in_flight == 0
     assert all(r.outcome == "ok" for r in runner.recorder.records())
+    await replicas.channels.close()
+    await receiver.stop()
+
+
+async def test_the_replicas_hold_follows_the_open_streams_even_on_a_replica_serve_stopped_routing_to() -> None:
+    """The hold asked of each new request is the item budget shared over the streams open on the
+    channel, the new one included: a stream whose slot holds no room (its replica left Serve's
+    running set) still costs the router an item per flush."""
+    receiver = StreamReceiver()
+    await receiver.start()
+    replicas = ChannelReplicas(PacedOutputs(random.Random(5)))
+    runner = _runner(replicas, receiver)
+    runner._items_per_s = 1000.0
+    runner.dispatcher.set_live(frozenset({"another-replica"}))  # the outputs name replica "r"
+    readers = []
+    for i in range(6):
+        readers.append(asyncio.ensure_future(_read(runner, _job(runner, i, 1000), "pushed")))
+        await until(lambda: len(replicas.sent) == i + 1 and receiver.open_streams == i + 1)
+    holds = [args.flush_s for args in replicas.sent]
+    assert holds == pytest.approx([k / 1000 for k in range(1, 7)])
+    for reader in readers:
+        reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
     await replicas.channels.close()
     await receiver.stop()
 
