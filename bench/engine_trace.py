@@ -29,6 +29,7 @@ import json
 import math
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,11 @@ def make_trace(args, vocab: int, rate: float) -> list[TraceRequest]:
     ]
 
 
-async def run_trace(engine: Engine, trace: list[TraceRequest], mix: str) -> dict:
+async def run_trace(
+    engine: Engine, trace: list[TraceRequest], mix: str, adapters: Sequence[str | None] = (None,)
+) -> dict:
+    """Send the trace at its arrival times; request i names LoRA adapter `adapters[i % len]` (None:
+    the base model; bench/lora_trace.py spreads a trace over several)."""
     engine.core.profiler.records.clear()
     start = time.perf_counter()
 
@@ -80,7 +85,8 @@ async def run_trace(engine: Engine, trace: list[TraceRequest], mix: str) -> dict
         sent = time.perf_counter()
         stamps: list[float] = []  # answer 0's token times (n > 1 answers interleave)
         tokens = 0
-        async for out in engine.generate(req.prompt, params, request_id=f"{mix}-{i}-{sent}"):
+        adapter = adapters[i % len(adapters)]
+        async for out in engine.generate(req.prompt, params, request_id=f"{mix}-{i}-{sent}", adapter=adapter):
             tokens += len(out.token_ids)
             if out.index == 0:
                 stamps.extend([time.perf_counter()] * len(out.token_ids))
@@ -134,18 +140,27 @@ def summarise(done: list[dict], wall: float, profile: dict) -> dict:
     }
 
 
-async def run(args) -> dict:
-    engine = Engine(
-        EngineConfig(
-            model=args.model, device=args.device, random_weights=args.random_weights,
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-            enable_prefix_caching=args.prefix_caching, context_cuda_graphs=args.context_graphs,
-        )
+def engine_config(args, **extra) -> EngineConfig:
+    """The engine `add_engine_args`'s options describe, with `extra` fields (LoRA slots, say)."""
+    return EngineConfig(
+        model=args.model, device=args.device, random_weights=args.random_weights,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+        enable_prefix_caching=args.prefix_caching, context_cuda_graphs=args.context_graphs,
+        **extra,
     )  # fmt: skip
-    await engine.start()
+
+
+def loaded_model(engine: Engine) -> dict:
+    """What the report says of the started engine's model."""
     loaded = engine.loaded
-    model = {"source": loaded.source, "architecture": getattr(loaded, "architecture", None),
-             "load_seconds": getattr(loaded, "load_seconds", None)}  # fmt: skip
+    return {"source": loaded.source, "architecture": getattr(loaded, "architecture", None),
+            "load_seconds": getattr(loaded, "load_seconds", None)}  # fmt: skip
+
+
+async def run(args) -> dict:
+    engine = Engine(engine_config(args))
+    await engine.start()
+    model = loaded_model(engine)
     print(f"[trace] loaded {model}", flush=True)
     vocab = engine.loaded.config.vocab_size
     if engine.loaded.tokenizer is None and "mixed" in args.mixes.split(","):
@@ -187,14 +202,17 @@ def report(args, results: dict[str, dict], model: dict) -> dict:
                 "tpot_p50": r["tpot_ms_p50"] / greedy["tpot_ms_p50"],
                 "ttft_p99": r["ttft_ms_p99"] / greedy["ttft_ms_p99"],
             }
+    return {**report_header(args, model), "results": results, "mixed_vs_greedy": ratios}
+
+
+def report_header(args, model: dict) -> dict:
+    """When, where and with what a report was made (every engine trace report starts with it)."""
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": platform.node(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "args": vars(args),
         "model": model,
-        "results": results,
-        "mixed_vs_greedy": ratios,
     }
 
 
@@ -215,11 +233,14 @@ def print_table(rep: dict) -> None:
         )
 
 
-def add_engine_args(p: argparse.ArgumentParser, model: str, caching_flag: bool = True) -> None:
+def add_engine_args(
+    p: argparse.ArgumentParser, model: str | None, caching_flag: bool = True, random_weights: bool = False
+) -> None:
     """The engine and run options every engine benchmark takes; `caching_flag` False leaves out
-    --prefix-caching, for a benchmark that sets caching itself (bench/prefix_cache.py runs both)."""
+    --prefix-caching, for a benchmark that sets caching itself (bench/prefix_cache.py runs both);
+    `random_weights` True makes random weights the default (--no-random-weights turns them off)."""
     p.add_argument("--model", default=model)
-    p.add_argument("--random-weights", action="store_true")
+    p.add_argument("--random-weights", action=argparse.BooleanOptionalAction, default=random_weights)
     p.add_argument("--device", default="auto")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
