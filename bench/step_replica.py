@@ -82,7 +82,12 @@ class StepReplica:
         self._stepper = None
 
     def load(self) -> dict[str, Any]:
-        return {"replica_id": self.replica_id, "running": len(self._running), "waiting": 0, "waiting_tokens": 0}
+        return {
+            "replica_id": self.replica_id,
+            "running": len(self._running),
+            "waiting": 0,
+            "waiting_tokens": 0,
+        }
 
     def record_routing_stats(self) -> dict[str, Any]:
         running = len(self._running)

@@ -212,7 +212,7 @@ async def test_many_streams_get_every_token_in_order_exactly_once(mode: str) -> 
     await receiver.stop()
 
 
-async def test_the_replicas_hold_follows_the_open_streams_even_on_a_replica_serve_stopped_routing_to() -> None:
+async def test_the_hold_follows_the_open_streams_even_on_a_replica_serve_stopped_routing_to() -> None:
     """The hold asked of each new request is the item budget shared over the streams open on the
     channel, the new one included: a stream whose slot holds no room (its replica left Serve's
     running set) still costs the router an item per flush."""
@@ -223,9 +223,9 @@ async def test_the_replicas_hold_follows_the_open_streams_even_on_a_replica_serv
     runner._items_per_s = 1000.0
     runner.dispatcher.set_live(frozenset({"another-replica"}))  # the outputs name replica "r"
     readers = []
-    for i in range(6):
+    for i in range(1, 7):
         readers.append(asyncio.ensure_future(_read(runner, _job(runner, i, 1000), "pushed")))
-        await until(lambda: len(replicas.sent) == i + 1 and receiver.open_streams == i + 1)
+        await until(lambda n=i: len(replicas.sent) == n and receiver.open_streams == n)
     holds = [args.flush_s for args in replicas.sent]
     assert holds == pytest.approx([k / 1000 for k in range(1, 7)])
     for reader in readers:
