@@ -26,16 +26,19 @@ run_in() {  # run_in DIR NAME: the bench from DIR's code
       --out "$out/$name.json" --label "$name" "${args[@]}" 2>&1 | tail -4)
   ray stop --force >/dev/null 2>&1 || true
 }
-run_in "$tree" before
+runs=${RDP_RUNS:-before before_new_standin after}  # a subset: RDP_RUNS="before after"
+[[ " $runs " == *" before "* ]] && run_in "$tree" before
 cp bench/step_replica.py "$tree/bench/step_replica.py"
-run_in "$tree" before_new_standin
-run_in "$here" after
+[[ " $runs " == *" before_new_standin "* ]] && run_in "$tree" before_new_standin
+[[ " $runs " == *" after "* ]] && run_in "$here" after
 
 python3 - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
 print("run                  stream CPU ms  tok/s   outputs/token  gap p50/p99 ms  late p99  short req/s  short CPU ms")
 for name in ("before", "before_new_standin", "after"):
+    if not (Path(sys.argv[1]) / f"{name}.json").exists():
+        continue
     d = json.loads((Path(sys.argv[1]) / f"{name}.json").read_text())
     s, q = d["phases"]["streams"], d["phases"]["short"]
     span = d["args"]["duration"] + d["args"]["warmup"]  # the channel's count includes the warm-up
