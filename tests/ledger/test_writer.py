@@ -46,10 +46,17 @@ async def test_put_never_waits_and_rows_arrive_in_batches(dsn: str, tmp_path: Pa
     store = LedgerStore(dsn)
     try:
         assert await wait_for(lambda: _count(store, 2000))
-        assert writer.state == "ok" and writer.pending_rows == 0 and writer.spill.waiting == 0
+        # the rows are visible once the insert commits, a moment before the writer's thread drops
+        # them from its in-flight batch: wait for that too, then check it is caught up
+        assert await wait_for(lambda: _caught_up(writer)), (writer.state, writer.pending_rows)
+        assert writer.spill.waiting == 0
     finally:
         await writer.close()
         await store.close()
+
+
+async def _caught_up(writer) -> bool:
+    return writer.state == "ok" and writer.pending_rows == 0 and writer.written == 2000
 
 
 async def _count(store: LedgerStore, expected: int) -> bool:
