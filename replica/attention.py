@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from replica.attention_metadata import AttentionMetadata, PrefillChunk
-from replica.kv_quant import UNIT_SCALES, KVScales, gather, store
+from replica.kv_quant import UNIT_SCALES, KVScales, as_read, gather, store
 
 
 def write_kv(
@@ -43,7 +43,8 @@ def paged_attention(
     """Attention for every row of q [num_tokens, heads, head_dim].
 
     k and v are this step's new keys and values (already written to the cache): a chunk that is a
-    sequence's whole context attends to them directly instead of reading the cache back.
+    sequence's whole context attends to them directly instead of reading the cache back (as an
+    FP8 cache holds them: rounded through e4m3, `as_read`).
     """
     k_cache, v_cache = kv_cache
     nd = meta.num_decode
@@ -69,8 +70,9 @@ def paged_attention(
         return out
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        if chunk.context_len == chunk.q_len:  # the step's own keys, never quantised (vLLM does the same)
-            out[rows] = causal_attention(q[rows], k[rows], v[rows], scale)
+        if chunk.context_len == chunk.q_len:  # the step's own keys, as the cache holds them
+            keys, values = as_read(k[rows], k_cache, kv_scales.k), as_read(v[rows], v_cache, kv_scales.v)
+            out[rows] = causal_attention(q[rows], keys, values, scale)
         else:
             out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale, kv_scales)
     return out

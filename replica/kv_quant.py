@@ -75,6 +75,14 @@ def dequantize_kv(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Te
     return (q.to(torch.float32) * scale).to(dtype)
 
 
+def as_read(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
+    """The step's own keys or values ``x`` as a read of ``cache`` returns them: rounded through e4m3
+    when the cache is FP8, unchanged otherwise. A prompt chunk attends to its own keys directly in
+    eager steps but gathers them back from the cache in a graphed mixed step; this keeps the two
+    paths on the same values, so a step's output does not depend on the path that ran it."""
+    return dequantize_kv(quantize_kv(x, scale), scale, x.dtype) if is_fp8(cache) else x
+
+
 def _bytes(cache: torch.Tensor) -> torch.Tensor:
     """An FP8 cache as uint8 (same storage): the indexing ops torch lacks for float8 run on bytes."""
     return cache.view(torch.uint8) if is_fp8(cache) else cache

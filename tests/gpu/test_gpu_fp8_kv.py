@@ -191,7 +191,10 @@ def test_an_fp8_kv_engine_serves_greedy_requests_with_twice_the_blocks() -> None
         fp8_blocks,
     )  # same free memory, half the bytes
     assert all(len(o) == 24 for o in fp8)
-    # A prompt's first token comes from its prefill, which attends to its own unquantised keys.
-    assert [o[0] for o in fp8] == [o[0] for o in bf16]
+    # A prompt's first token comes from its prefill, which attends to its own keys rounded through
+    # e4m3 (as the cache holds them): on the CPU, SmolLM2's real weights kept the argmax at 94% of
+    # positions (tests/replica/test_fp8_kv.py), so nearly every prompt starts as with the bf16 cache.
+    first_same = np.mean([a[0] == b[0] for a, b in zip(fp8, bf16, strict=True)])
+    assert first_same >= 0.75, first_same
     same = np.mean([np.mean(np.array(a) == np.array(b)) for a, b in zip(fp8, bf16, strict=True)])
     assert same > 0.5, same  # decode reads e4m3: most tokens still agree with the bf16 cache's

@@ -149,7 +149,8 @@ def _logits(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.floa
     """float32 logits [n, vocab] of every position of `ids` through the paged-cache model. One prefill
     chunk by default (its attention reads its own new keys, never the cache); with `chunk`, prefill
     chunks of that many tokens, each after the first reading its context back from a cache of
-    `kv_dtype` (float8_e4m3fn: quantised on write, dequantised on read, replica/kv_quant.py)."""
+    `kv_dtype` (float8_e4m3fn: quantised on write, dequantised on read, replica/kv_quant.py; the
+    first chunk's own keys are rounded through e4m3 too, as the cache holds them)."""
     n = len(ids)
     cfg = model.config
     block = 16

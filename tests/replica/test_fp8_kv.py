@@ -147,7 +147,8 @@ def test_reference_prefill_over_fp8_equals_it_over_the_dequantised_cache(scales:
 def test_a_mixed_step_writes_and_reads_fp8_as_the_dequantised_cache(scales: KVScales) -> None:
     """Two decode rows, a chunk continuing its sequence and a whole prompt: the step's new keys are
     quantised by write_kv, and every read of the cache sees them as a float32 cache holding their
-    dequantised values (the whole prompt attends to its own unquantised keys, in both)."""
+    dequantised values; the whole prompt attends to its own keys as the cache holds them too (the
+    graphed mixed step gathers them back from the cache: both paths see the same values)."""
     fp8, deq, _ = _caches(scales)
     fp8 = tuple(c.clone() for c in fp8)
     rows = 2 + 5 + 6
@@ -172,19 +173,22 @@ def test_a_mixed_step_writes_and_reads_fp8_as_the_dequantised_cache(scales: KVSc
     v_seen = dequantize_kv(quantize_kv(v, scales.v), scales.v, F32)
     write_kv(*deq, meta.slot_mapping, k_seen, v_seen)
     out = paged_attention(q, k, v, fp8, meta, DIM**-0.5, scales)
-    assert torch.equal(out, paged_attention(q, k, v, deq, meta, DIM**-0.5))
+    assert torch.equal(out, paged_attention(q, k_seen, v_seen, deq, meta, DIM**-0.5))
 
 
 # ---- real weights: SmolLM2-135M with its KV cache in e4m3 --------------------------------------------
 # Measured (float32 on the CPU, prefill chunks of 16 tokens, each reading its context back from the
-# cache, the eight corpus paragraphs of tests/replica/corpus.py, 324 tokens): perplexity 40.123 with
-# a float32 cache, 40.109 with an e4m3 one at scale 1 (-0.04%); logits (range ±42) at most 2.42 apart,
-# 3.4% of their norm apart, the same argmax at 94% of positions. Keys and values reach |19.4| and
-# |15.6| at most in this model: e4m3's ±448 holds them at scale 1 with room to spare.
+# cache and its own keys as the cache holds them, the eight corpus paragraphs of
+# tests/replica/corpus.py, 324 tokens): perplexity 40.123 with a float32 cache, 40.252 with an e4m3
+# one at scale 1 (+0.32%); logits (range ±42) at most 2.74 apart, 3.5% of their norm apart, the same
+# argmax at 94% of positions. (With the chunk's own keys left unquantised it was -0.04%, 2.42 and
+# 3.4%: the bounds below follow the e4m3 reads of every key, which keep graphed and eager steps
+# equal.) Keys and values reach |19.4| and |15.6| at most in this model: e4m3's ±448 holds them at
+# scale 1 with room to spare.
 KV_CHUNK = 16
-MAX_KV_PERPLEXITY_CHANGE = 0.001
-MAX_KV_LOGIT_DIFF = 2.5
-MAX_KV_LOGIT_REL = 0.035
+MAX_KV_PERPLEXITY_CHANGE = 0.005
+MAX_KV_LOGIT_DIFF = 3.0
+MAX_KV_LOGIT_REL = 0.036
 
 
 def test_smollm2_with_an_fp8_kv_cache_keeps_its_logits_and_perplexity(smollm2_dir, tokenizer) -> None:
@@ -207,7 +211,7 @@ def test_smollm2_with_an_fp8_kv_cache_keeps_its_logits_and_perplexity(smollm2_di
     diff = float((fp8 - base).abs().max())
     assert 0 < diff <= MAX_KV_LOGIT_DIFF, diff  # the e4m3 cache was read, and it moved the logits little
     assert _rel(fp8, base) <= MAX_KV_LOGIT_REL
-    assert torch.equal(fp8[:KV_CHUNK], base[:KV_CHUNK])  # the first chunk reads only its own keys
+    assert not torch.equal(fp8[:KV_CHUNK], base[:KV_CHUNK])  # even the first chunk's own keys are e4m3
 
 
 # ---- checkpoint scales, the refusal, the pool ----------------------------------------------------------
