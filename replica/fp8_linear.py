@@ -19,6 +19,7 @@ from torch import nn
 
 from replica.errors import UnsupportedDeviceError
 from replica.fp8_quant import FP8_DTYPE, channel_scales, quantize_weight, reference_linear
+from replica.lazy_memory import UninitialisedLinear
 
 QUANTIZATIONS = ("fp8",)
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with FP8 tensor cores
@@ -79,7 +80,7 @@ def make_linear(in_features: int, out_features: int, bias: bool) -> nn.Module:
     """The model's projection layers: FP8 inside `quantized_linears("fp8")`, else nn.Linear."""
     if _QUANTIZATION.get() == "fp8":
         return FP8Linear(in_features, out_features, bias=bias)
-    return nn.Linear(in_features, out_features, bias=bias)
+    return UninitialisedLinear(in_features, out_features, bias=bias)  # the loader writes it
 
 
 @contextmanager

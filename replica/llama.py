@@ -22,6 +22,7 @@ from replica.attention import (
 from replica.attention_metadata import AttentionMetadata
 from replica.fp8_linear import FP8Linear, make_linear
 from replica.kv_quant import UNIT_SCALES, KVScales
+from replica.lazy_memory import UninitialisedEmbedding, UninitialisedLinear
 from replica.rope import RotaryEmbedding
 from replica.sampler import greedy_pick
 
@@ -171,10 +172,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.spec = arch_spec(cfg)
         self.head_dim = self.spec.head_dim
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # Built without their default init: the checkpoint or init_random writes every parameter.
+        self.embed_tokens = UninitialisedEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, self.spec) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = UninitialisedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg, self.head_dim)

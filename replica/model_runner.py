@@ -32,6 +32,7 @@ from replica.cuda_graphs import DecodeGraphs
 from replica.generation_defaults import MAX_EOS_IDS
 from replica.grammar_masks import assign_mask_rows
 from replica.io_buffers import StepBuffers
+from replica.lazy_memory import lazy_zeros
 from replica.llama import LlamaForCausalLM
 from replica.lora_ops import attach_lora
 from replica.lora_slots import LoraSlots
@@ -82,7 +83,7 @@ class ModelRunner:
         self.streams = StepStreams(device)
         dtype = next(model.parameters()).dtype
         shape = (num_blocks, block_size, cfg.num_key_value_heads, model.head_dim)
-        cache = partial(torch.zeros, shape, dtype=kv_dtype or dtype, device=device)
+        cache = partial(lazy_zeros, shape, kv_dtype or dtype, device)  # CPU: pages on first write
         self.kv_caches = [(cache(), cache()) for _ in range(cfg.num_hidden_layers)]
         self.decode_backend = "triton" if device.type == "cuda" else "torch"
         self.decode_kernel = decode_kernel

@@ -24,6 +24,7 @@ from replica.fp8_quant import (
     quantize_weight,
     reference_linear,
 )
+from replica.lazy_memory import UninitialisedLinear
 from tests.replica.corpus import PARAGRAPHS
 
 E4M3_HALF_ULP = 2.0**-4  # 3 mantissa bits: round to nearest moves a normal value by at most 2^-4 of it
@@ -113,10 +114,10 @@ def test_fp8_module_on_the_cpu_runs_the_reference() -> None:
 
 
 def test_make_linear_builds_fp8_only_inside_the_context() -> None:
-    assert type(make_linear(16, 16, bias=False)) is nn.Linear
+    assert type(make_linear(16, 16, bias=False)) is UninitialisedLinear  # an nn.Linear the loader fills
     with quantized_linears("fp8"):
         assert isinstance(make_linear(16, 16, bias=False), FP8Linear)
-    assert type(make_linear(16, 16, bias=False)) is nn.Linear
+    assert type(make_linear(16, 16, bias=False)) is UninitialisedLinear
     with pytest.raises(ValueError, match="unknown quantization"), quantized_linears("int4"):
         pass
 
