@@ -286,13 +286,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parser().parse_args(argv)
-    rep = asyncio.run(run(args))
+def run_and_report(args, run_bench, table) -> dict:
+    """Run a trace bench (`run_bench(args)`), write its report to --json (its folder made first, so a
+    bad path fails before the run) and print `table(report)`."""
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+    rep = asyncio.run(run_bench(args))
     if args.json:
         args.json.write_text(json.dumps(rep, indent=2, default=str))
-    print_table(rep)
+    table(rep)
     return rep
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return run_and_report(parser().parse_args(argv), run, print_table)
 
 
 if __name__ == "__main__":

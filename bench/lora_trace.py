@@ -29,7 +29,6 @@ engine; the tokens differ unless the adapter is ignored. JSON to --out after eve
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import itertools
 import json
@@ -48,6 +47,7 @@ from bench.engine_trace import (
     loaded_model,
     make_trace,
     report_header,
+    run_and_report,
     run_trace,
 )
 from bench.lora_step import adapter_names, register_adapters, slot_load_ms, write_adapter
@@ -236,14 +236,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse(argv)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-    rep = asyncio.run(run(args))
-    if args.json:
-        args.json.write_text(json.dumps(rep, indent=2, default=str))
-    print_table(rep)
-    return rep
+    return run_and_report(parse(argv), run, print_table)
 
 
 if __name__ == "__main__":

@@ -43,11 +43,14 @@ def paged_attention(
     """Attention for every row of q [num_tokens, heads, head_dim].
 
     k and v are this step's new keys and values (already written to the cache): a chunk that is a
-    sequence's whole context attends to them directly instead of reading the cache back (as an
-    FP8 cache holds them: rounded through e4m3, `as_read`).
+    sequence's whole context attends to them directly instead of reading the cache back. With an FP8
+    cache they are first rounded through e4m3 (`as_read`), here for every path: a graphed mixed step
+    gathers them back from the cache, and eager steps must see the same values.
     """
     k_cache, v_cache = kv_cache
     nd = meta.num_decode
+    if nd < q.shape[0]:  # prompt rows (a pure decode step reads only the cache)
+        k, v = as_read(k, k_cache, kv_scales.k), as_read(v, v_cache, kv_scales.v)
     if meta.prefill_backend == "flash_padded":
         from replica.varlen_prefill import padded_mixed_attention
 
@@ -70,9 +73,8 @@ def paged_attention(
         return out
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        if chunk.context_len == chunk.q_len:  # the step's own keys, as the cache holds them
-            keys, values = as_read(k[rows], k_cache, kv_scales.k), as_read(v[rows], v_cache, kv_scales.v)
-            out[rows] = causal_attention(q[rows], keys, values, scale)
+        if chunk.context_len == chunk.q_len:  # the step's own keys (as_read above)
+            out[rows] = causal_attention(q[rows], k[rows], v[rows], scale)
         else:
             out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk, scale, kv_scales)
     return out

@@ -12,9 +12,8 @@ which is what a continued (chunked) prompt needs.
 Keys of a chunk that is its sequence's whole context are this step's new keys (no cache read); a
 chunk that continues a sequence reads its earlier keys from the paged cache (one gather per such
 chunk, as the reference does). An FP8 cache's gathered keys and values are dequantised to the
-query's dtype first (replica/kv_quant.py): flash attention reads bf16/fp16 only. With an FP8 cache
-the step's own keys are rounded through e4m3 too (`as_read`): every path attends over what the
-cache holds, the graphed mixed step (which gathers them back) and the eager ones alike.
+query's dtype first (replica/kv_quant.py): flash attention reads bf16/fp16 only. The step's own
+keys come in as the cache holds them: `attention.paged_attention` rounds them through e4m3 first.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from replica.attention_metadata import AttentionMetadata, PrefillChunk
-from replica.kv_quant import UNIT_SCALES, KVScales, as_read, gather, gather_slots
+from replica.kv_quant import UNIT_SCALES, KVScales, gather, gather_slots
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -85,17 +84,12 @@ def padded_mixed_attention(
     from replica.triton_decode import paged_decode_attention
 
     offsets = meta.prefill_cu_q + meta.decode_rows
+    keys, values, key_offsets = k, v, offsets
     if meta.prefill_key_slots is not None:
         slots = meta.prefill_key_slots
         keys = gather_slots(kv_cache[0], slots, kv_scales.k, q.dtype)
         values = gather_slots(kv_cache[1], slots, kv_scales.v, q.dtype)
         key_offsets = meta.prefill_cu_k
-    else:
-        keys, values, key_offsets = (
-            as_read(k, kv_cache[0], kv_scales.k),
-            as_read(v, kv_cache[1], kv_scales.v),
-            offsets,
-        )
     out = torch.ops.aten._flash_attention_forward(
         q, keys, values, offsets, key_offsets, meta.prefill_max_q, meta.prefill_max_k, 0.0, True, False,
         scale=scale,
@@ -122,13 +116,13 @@ def _packed_keys(
     """Each chunk's keys back to back, in the order of its queries."""
     nd = meta.num_decode
     if all(c.context_len == c.q_len for c in meta.prefills):
-        return as_read(k[nd:], kv_cache[0], kv_scales.k), as_read(v[nd:], kv_cache[1], kv_scales.v)
+        return k[nd:], v[nd:]
     key_parts, value_parts = [], []
     for chunk in meta.prefills:
         if chunk.context_len == chunk.q_len:
             rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-            key_parts.append(as_read(k[rows], kv_cache[0], kv_scales.k))
-            value_parts.append(as_read(v[rows], kv_cache[1], kv_scales.v))
+            key_parts.append(k[rows])
+            value_parts.append(v[rows])
         else:
             key_parts.append(_cached(kv_cache[0], chunk, kv_scales.k, k.dtype))
             value_parts.append(_cached(kv_cache[1], chunk, kv_scales.v, v.dtype))

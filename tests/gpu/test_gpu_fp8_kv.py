@@ -16,7 +16,7 @@ import torch
 
 from replica import Engine, EngineConfig, SamplingParams
 from replica.attention import decode_attention, paged_attention
-from replica.kv_quant import UNIT_SCALES, KVScales, quantize_kv
+from replica.kv_quant import UNIT_SCALES, KVScales, as_read, quantize_kv
 from tests.gpu.test_varlen_prefill import _fixed_shape, _padded_bounds, _step
 
 FP8_OK = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
@@ -139,7 +139,9 @@ def test_flash_and_padded_prefill_over_fp8_equal_the_reference(scales: KVScales)
     cache = _fp8(bf16, scales)
     want = paged_attention(q, k, v, cache, meta, 128**-0.5, scales)  # the torch reference, per chunk
     unquantised = paged_attention(q, k, v, bf16, meta, 128**-0.5)
-    flash = varlen_prefill_attention(q, k, v, cache, meta, 128**-0.5, scales)
+    # paged_attention hands every path the step's keys as the cache holds them (as_read)
+    k_read, v_read = as_read(k, cache[0], scales.k), as_read(v, cache[1], scales.v)
+    flash = varlen_prefill_attention(q, k_read, v_read, cache, meta, 128**-0.5, scales)
     assert (flash.float() - want[decodes:].float()).abs().max().item() < 2e-2
     assert _rel(flash, unquantised[decodes:]) < MAX_REL_BF16_CACHE
 
@@ -159,7 +161,7 @@ def test_flash_and_padded_prefill_over_fp8_equal_the_reference(scales: KVScales)
         dev["prefill_tables"][i, : len(c.block_table)] = c.block_table
     dev["prefill_cu_k"][:] = _padded_bounds(meta.prefill_cu_k)
     fixed = _fixed_shape(meta, rows, decodes, tokens, dev["prefill_cu_k"], keys, key_slots(dev, keys, 16))
-    got = padded_mixed_attention(pad(q), pad(k), pad(v), cache, fixed, 128**-0.5, scales)[:used]
+    got = padded_mixed_attention(pad(q), pad(k_read), pad(v_read), cache, fixed, 128**-0.5, scales)[:used]
     assert (got.float() - want.float()).abs().max().item() < 2e-2
     assert _rel(got, unquantised) < MAX_REL_BF16_CACHE
 
