@@ -4,6 +4,7 @@ on first touch, and the model is built without the default init that the loader 
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +14,12 @@ from replica.model_loader import build_model
 from tests.replica.checkpoints import KINDS, tiny_config
 
 MB = 2**20
+STATM = Path("/proc/self/statm")
+needs_proc = pytest.mark.skipif(not STATM.exists(), reason="resident memory is read from Linux's /proc")
 
 
 def _resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+    return int(STATM.read_text().split()[1]) * 4096
 
 
 def test_lazy_zeros_read_as_zeros_take_writes_and_outlive_their_mapping() -> None:
@@ -32,7 +34,7 @@ def test_lazy_zeros_read_as_zeros_take_writes_and_outlive_their_mapping() -> Non
     assert lazy_zeros((0, 4), torch.bfloat16, torch.device("cpu")).shape == (0, 4)
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="Linux /proc only")
+@needs_proc
 def test_a_lazy_pool_is_resident_only_where_written() -> None:
     """256 MB of zeros take (almost) no memory until written; writing a quarter makes a quarter
     resident. torch.zeros would have made all of it resident at once."""
@@ -59,6 +61,7 @@ def test_building_a_model_draws_no_random_init(kind: str) -> None:
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
+@needs_proc
 def test_a_cpu_engine_holds_only_the_kv_blocks_it_has_written() -> None:
     """A 3-GB CPU pool (65,536 tokens of SmolLM2's shape in float32) starts without being written:
     the engine's memory grows by its weights and buffers, not by the pool, and still serves."""
