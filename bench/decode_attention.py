@@ -7,6 +7,10 @@ a device-to-device copy's rate (read + write, as the engine benchmark's roofline
 checks every setting's output against the single-split kernel.
 
     python -m bench.decode_attention --contexts 256,512,768 --json out.json
+    python -m bench.decode_attention --kv-dtype fp8 --widen fp16,bf16 --batch 216 --contexts 4096 --layers 8
+
+With `--kv-dtype fp8` the caches are float8_e4m3fn (the FP8 KV cache, unit scales) and `--widen`
+sweeps the dtype the kernel widens them to for the products; the bytes read count one per element.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ import torch
 from bench.roofline import copy_bandwidth_gbps
 from replica.triton_decode import default_splits, paged_decode_attention
 
+WIDEN = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
-def _cache(layers: int, batch: int, ctx: int, kv_heads: int, dim: int, block_size: int):
+
+def _cache(layers: int, batch: int, ctx: int, kv_heads: int, dim: int, block_size: int, dtype: torch.dtype):
     per_seq = -(-ctx // block_size)
     blocks = batch * per_seq + 1
     caches = [
         (
-            torch.randn(blocks, block_size, kv_heads, dim, device="cuda", dtype=torch.bfloat16),
-            torch.randn(blocks, block_size, kv_heads, dim, device="cuda", dtype=torch.bfloat16),
+            torch.randn(blocks, block_size, kv_heads, dim, device="cuda", dtype=torch.bfloat16).to(dtype),
+            torch.randn(blocks, block_size, kv_heads, dim, device="cuda", dtype=torch.bfloat16).to(dtype),
         )
         for _ in range(layers)
     ]
@@ -59,19 +65,25 @@ def time_graph(fn, replays: int) -> float:
 
 
 def context_rows(args: argparse.Namespace, ctx: int, settings: list[dict]) -> list[dict]:
-    caches, tables, lens = _cache(args.layers, args.batch, ctx, args.kv_heads, args.dim, args.block_size)
+    dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
+    caches, tables, lens = _cache(
+        args.layers, args.batch, ctx, args.kv_heads, args.dim, args.block_size, dtype
+    )
     q = torch.randn(args.batch, args.heads, args.dim, device="cuda", dtype=torch.bfloat16)
-    kv_bytes = 2 * args.batch * ctx * args.kv_heads * args.dim * 2
+    kv_bytes = 2 * args.batch * ctx * args.kv_heads * args.dim * caches[0][0].element_size()
     scale = args.dim**-0.5
     reference = paged_decode_attention(q, *caches[0], tables, lens, scale, splits=1).float()
     rows = []
     for setting in settings:
+        launch = {k: v for k, v in setting.items() if k != "widen"}
+        if args.kv_dtype == "fp8":
+            launch["fp8_widen"] = WIDEN[setting["widen"]]
 
-        def all_layers(setting=setting):
+        def all_layers(launch=launch):
             for k, v in caches:
-                paged_decode_attention(q, k, v, tables, lens, scale, **setting)
+                paged_decode_attention(q, k, v, tables, lens, scale, **launch)
 
-        out = paged_decode_attention(q, *caches[0], tables, lens, scale, **setting).float()
+        out = paged_decode_attention(q, *caches[0], tables, lens, scale, **launch).float()
         err = ((out - reference).norm() / reference.norm()).item()
         us = time_graph(all_layers, args.replays) * 1000 / args.layers
         rows.append(
@@ -82,8 +94,8 @@ def context_rows(args: argparse.Namespace, ctx: int, settings: list[dict]) -> li
 
 def run(args: argparse.Namespace) -> dict:
     settings = [
-        dict(splits=s, tokens_per_iter=t, num_warps=w, num_stages=st)
-        for s, t, w, st in itertools.product(args.splits, args.tokens, args.warps, args.stages)
+        dict(splits=s, tokens_per_iter=t, num_warps=w, num_stages=st, widen=d)
+        for s, t, w, st, d in itertools.product(args.splits, args.tokens, args.warps, args.stages, args.widen)
     ]
     rows = []
     for ctx in args.contexts:
@@ -119,6 +131,8 @@ def main() -> None:
     p.add_argument("--warps", type=_ints, default=[4])
     p.add_argument("--stages", type=_ints, default=[2, 3])
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--widen", type=lambda t: t.split(","), default=["fp16"], help="fp8: fp16,bf16")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     result = run(args)
@@ -127,11 +141,12 @@ def main() -> None:
             json.dump(result, f, indent=1)
     splits = result["default_splits"]
     print(f"copy {result['copy_tb_s']:.2f} TB/s; default splits at batch {args.batch}: {splits}")
-    heads = ("ctx", "splits", "tok", "warps", "stages", "us/call", "TB/s", "err")
-    print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (5, 6, 4, 5, 6, 8, 6, 8), strict=True)))
+    heads = ("ctx", "widen", "splits", "tok", "warps", "stages", "us/call", "TB/s", "err")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (5, 5, 6, 4, 5, 6, 8, 6, 8), strict=True)))
     for r in result["rows"]:
+        widen = r["widen"] if args.kv_dtype == "fp8" else "-"
         print(
-            f"{r['context']:>5} {r['splits']:>6} {r['tokens_per_iter']:>4} {r['num_warps']:>5} "
+            f"{r['context']:>5} {widen:>5} {r['splits']:>6} {r['tokens_per_iter']:>4} {r['num_warps']:>5} "
             f"{r['num_stages']:>6} {r['us_per_call']:>8.2f} {r['tb_s']:>6.2f} {r['rel_err']:>8.1e}"
         )
 

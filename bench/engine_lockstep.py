@@ -58,6 +58,8 @@ async def run_engine(args, mode: str, profile: str = "greedy") -> dict:
         max_num_batched_tokens=args.max_batched_tokens,
         gil_switch_interval_ms=args.gil_switch_ms,
         mixed_cuda_graphs=not args.no_mixed_graphs,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         **decode_config(args),
     )
     engine = Engine(config)
@@ -308,6 +310,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--quantization", choices=("fp8",), default=None, help="FP8 weights (default: the model's)"
+    )
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     p.add_argument("--concurrency", "--batch", type=int, default=16, dest="concurrency")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=128)

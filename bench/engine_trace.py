@@ -146,7 +146,7 @@ def engine_config(args, **extra) -> EngineConfig:
         model=args.model, device=args.device, random_weights=args.random_weights,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
         enable_prefix_caching=args.prefix_caching, context_cuda_graphs=args.context_graphs,
-        **extra,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype, **extra,
     )  # fmt: skip
 
 
@@ -246,6 +246,10 @@ def add_engine_args(
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--quantization", choices=("fp8",), default=None, help="FP8 weights (default: the model's)"
+    )
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     p.add_argument(
         "--context-graphs",
         action=argparse.BooleanOptionalAction,

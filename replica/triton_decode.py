@@ -14,9 +14,13 @@ partial results meet without a second kernel: each program leaves its partial su
 buffer and counts itself in with an atomic; the last of a (sequence, head) to arrive merges them and
 resets the counter for the next call.
 
-An FP8 cache (replica/kv_quant.py) is read as e4m3, cast to the query's dtype for the products
-(exact), and its per-tensor scales applied once: the K scale to the scores, the V scale to the
-output. With rope the kernel stores the new key and value quantised as `rope_and_cache` does.
+An FP8 cache (replica/kv_quant.py) is read as e4m3 and widened for the products to float16 by
+default: Hopper converts e4m3 pairs to float16 in one instruction, while bfloat16 takes a detour
+through float32 (the same values either way: every e4m3 number is exact in both). The query and the
+softmax weights join it in float16 (q's bfloat16 rounds to float16's finer mantissa; |q| past
+65,504 would overflow, far above any model's queries). The per-tensor scales apply once: the K
+scale to the scores, the V scale to the output. With rope the kernel stores the new key and value
+quantised as `rope_and_cache` does.
 
 Triton ships with torch's CUDA builds; it is imported only when a CUDA engine first needs it.
 """
@@ -35,6 +39,7 @@ from replica.triton_fused import to_cache
 _COUNTER_SLOTS = 1 << 16
 _counters: dict[torch.device, torch.Tensor] = {}
 _unused: dict[torch.device, torch.Tensor] = {}  # a float32 pointer for launches without splits
+_WIDEN = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}  # an FP8 cache's products' dtype
 _TARGET_PROGRAMS = 256  # about 2 per H200 multiprocessor; more splits measured slower at batch 32
 
 
@@ -49,6 +54,7 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TOKENS: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     ROPE: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, FP8: tl.constexpr,
+    WIDEN: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -70,6 +76,8 @@ def _paged_decode_kernel(
         )  # fmt: skip
     else:
         q = tl.load(q_rows + dims[None, :], mask=row_ok[:, None], other=0.0)
+    if FP8:  # the products' dtype: the cache's e4m3 widens to WIDEN, and q with it
+        q = q.to(WIDEN)
     qk_scale = scale * k_scale  # an FP8 cache's K scale, applied to the scores (1.0 otherwise)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -225,6 +233,7 @@ def paged_decode_attention(
     num_stages: int = 3,
     rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     kv_scales: KVScales = UNIT_SCALES,
+    fp8_widen: torch.dtype = torch.float16,
 ) -> torch.Tensor:
     """q [B, heads, D]; caches [blocks, block_size, kv_heads, D]; tables [B, W]; lens [B] -> [B, heads, D].
 
@@ -236,7 +245,8 @@ def paged_decode_attention(
     of the reserved block 0; they store the same key there and their outputs are dropped.
 
     `splits` defaults to `default_splits` over the table's width (the longest context it can hold).
-    An FP8 cache (float8_e4m3fn) is read with `kv_scales` and, with rope, written with them.
+    An FP8 cache (float8_e4m3fn) is read with `kv_scales` and, with rope, written with them; its
+    products run in `fp8_widen` (float16 or bfloat16, see the module's docstring).
     """
     batch, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -252,6 +262,8 @@ def paged_decode_attention(
     fp8 = is_fp8(k_cache)
     if fp8 != is_fp8(v_cache) or (not fp8 and (k_cache.dtype != q.dtype or v_cache.dtype != q.dtype)):
         raise ValueError("the K and V caches must share q's dtype, or both be float8_e4m3fn")
+    if fp8_widen not in _WIDEN:
+        raise ValueError(f"an FP8 cache widens to float16 or bfloat16, not {fp8_widen}")
     if rope is not None and q.stride(1) != dim:
         raise ValueError("with rope, q must be qkv rows' query part")
     if rope is not None and batch > 1 and q.stride(0) < (heads + 2 * kv_heads) * dim:  # (one row: any stride)
@@ -275,6 +287,7 @@ def paged_decode_attention(
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim,
         BLOCK_SIZE=block_size, TOKENS=tokens, SPLITS=splits,
         ROPE=rope is not None, Q_HEADS=heads, KV_HEADS=kv_heads, FP8=fp8,
+        WIDEN=tl.float32 if q.dtype == torch.float32 else _WIDEN[fp8_widen],  # float32 stays exact
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays exact; bf16 ignores it
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

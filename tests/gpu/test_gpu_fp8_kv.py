@@ -71,7 +71,10 @@ def test_rope_cache_kernel_stores_what_write_kv_stores(scales: KVScales) -> None
 
 @pytest.mark.parametrize("scales", SCALES)
 @pytest.mark.parametrize("splits", [None, 1, 3])
-def test_decode_kernel_over_fp8_equals_the_reference_eager_and_graphed(scales: KVScales, splits) -> None:
+@pytest.mark.parametrize("widen", [torch.float16, torch.bfloat16])
+def test_decode_kernel_over_fp8_equals_the_reference_eager_and_graphed(
+    scales: KVScales, splits, widen: torch.dtype
+) -> None:
     from replica.triton_decode import paged_decode_attention
 
     torch.manual_seed(1)
@@ -83,17 +86,18 @@ def test_decode_kernel_over_fp8_equals_the_reference_eager_and_graphed(scales: K
     tables = torch.stack([torch.randperm(blocks - 1, device="cuda")[:64] + 1 for _ in range(batch)])
     q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
     ref = decode_attention(q.double(), *cache, tables, lens, dim**-0.5, scales)
-    eager = paged_decode_attention(q, *cache, tables, lens, dim**-0.5, splits=splits, kv_scales=scales)
+    launch = dict(splits=splits, kv_scales=scales, fp8_widen=widen)
+    eager = paged_decode_attention(q, *cache, tables, lens, dim**-0.5, **launch)
     assert _rel(eager, ref) < MAX_REL_SAME_CACHE, _rel(eager, ref)
     unquantised = decode_attention(q.double(), bf16[0].double(), bf16[1].double(), tables, lens, dim**-0.5)
     assert _rel(eager, unquantised) < MAX_REL_BF16_CACHE, _rel(eager, unquantised)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        paged_decode_attention(q, *cache, tables, lens, dim**-0.5, splits=splits, kv_scales=scales)
+        paged_decode_attention(q, *cache, tables, lens, dim**-0.5, **launch)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        out = paged_decode_attention(q, *cache, tables, lens, dim**-0.5, splits=splits, kv_scales=scales)
+        out = paged_decode_attention(q, *cache, tables, lens, dim**-0.5, **launch)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)

@@ -19,6 +19,7 @@ from replica.triton_fused import _rope_cache_kernel  # noqa: E402
 from tests.replica.test_kernel_compile import compile_for_h200, decode_types  # noqa: E402
 
 E4M3_STORE = "cvt.rn.satfinite.e4m3x2"  # round to nearest even, saturating: what torch's cast does
+E4M3_TO_F16 = "cvt.rn.f16x2.e4m3x2"  # two e4m3 values widened to float16 in one instruction
 
 
 @pytest.mark.parametrize(("rope", "splits"), [(False, 1), (True, 1), (True, 4), (False, 3)])
@@ -28,9 +29,16 @@ def test_decode_kernel_compiles_over_an_fp8_cache(rope: bool, splits: int) -> No
         GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, TOKENS=128, SPLITS=splits, PRECISION="tf32",
         ROPE=rope, Q_HEADS=32, KV_HEADS=8, FP8=True,
     )  # fmt: skip
-    ptx = compile_for_h200(_paged_decode_kernel, types, constants).asm["ptx"]
-    assert "e4m3" in ptx  # the cache is read as e4m3 and widened for the bf16 products
-    assert (E4M3_STORE in ptx) == rope  # only the rope variant stores keys and values
+    ptx = {
+        name: compile_for_h200(_paged_decode_kernel, types, constants | {"WIDEN": dtype}).asm["ptx"]
+        for name, dtype in (("f16", triton.language.float16), ("bf16", triton.language.bfloat16))
+    }
+    # Hopper widens e4m3 pairs to float16 in one instruction; bfloat16 then costs a conversion per
+    # element more (what the default float16 products save), and the products follow the dtype.
+    assert E4M3_TO_F16 in ptx["f16"] and E4M3_TO_F16 in ptx["bf16"]
+    assert "cvt.bf16.f16" not in ptx["f16"] and "cvt.bf16.f16" in ptx["bf16"]
+    assert "f32.f16.f16.f32" in ptx["f16"] and "f32.bf16.bf16.f32" in ptx["bf16"]
+    assert (E4M3_STORE in ptx["f16"]) == rope  # only the rope variant stores keys and values
 
 
 def test_rope_cache_kernel_compiles_with_saturating_e4m3_stores() -> None:

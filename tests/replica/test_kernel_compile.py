@@ -70,6 +70,7 @@ def test_decode_attention_compiles_and_orders_its_split_merge(dtype, rope, split
     constants = dict(
         GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, TOKENS=128, SPLITS=splits,
         PRECISION="ieee" if dtype == "fp32" else "tf32", ROPE=rope, Q_HEADS=32, KV_HEADS=8, FP8=False,
+        WIDEN=triton.language.float16,
     )  # fmt: skip
     ptx = compile_for_h200(_paged_decode_kernel, decode_types(dtype), constants).asm["ptx"]
     lines = ptx.splitlines()
@@ -101,7 +102,7 @@ def test_decode_and_rope_kernels_compile_for_each_architecture_shape(dtype, head
         constants = dict(
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=16,
             TOKENS=128, SPLITS=splits, PRECISION="ieee" if dtype == "fp32" else "tf32", ROPE=rope,
-            Q_HEADS=heads, KV_HEADS=kv_heads, FP8=False,
+            Q_HEADS=heads, KV_HEADS=kv_heads, FP8=False, WIDEN=triton.language.float16,
         )  # fmt: skip
         assert (
             "st.global" in compile_for_h200(_paged_decode_kernel, decode_types(dtype), constants).asm["ptx"]
