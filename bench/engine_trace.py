@@ -29,7 +29,7 @@ import json
 import math
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,11 +70,20 @@ def make_trace(args, vocab: int, rate: float) -> list[TraceRequest]:
     ]
 
 
+Tag = Callable[[str | None], str]  # a request's group, from its adapter's name, as it is sent
+
+
 async def run_trace(
-    engine: Engine, trace: list[TraceRequest], mix: str, adapters: Sequence[str | None] = (None,)
+    engine: Engine,
+    trace: list[TraceRequest],
+    mix: str,
+    adapters: Sequence[str | None] = (None,),
+    tag: Tag | None = None,
 ) -> dict:
     """Send the trace at its arrival times; request i names LoRA adapter `adapters[i % len]` (None:
-    the base model; bench/lora_trace.py spreads a trace over several)."""
+    the base model; bench/lora_trace.py spreads a trace over several). `tag(adapter)`, asked as each
+    request is sent, sorts the requests into groups (bench/lora_churn.py: whether its adapter is
+    resident then); the result's "ttft_by_tag" has each group's TTFT."""
     engine.core.profiler.records.clear()
     start = time.perf_counter()
 
@@ -82,19 +91,23 @@ async def run_trace(
         await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
         fields = MIXES[mix](req.mixed)
         params = SamplingParams(max_tokens=req.output_tokens, ignore_eos=True, **fields)
+        adapter = adapters[i % len(adapters)]
+        label = tag(adapter) if tag is not None else None
         sent = time.perf_counter()
         stamps: list[float] = []  # answer 0's token times (n > 1 answers interleave)
         tokens = 0
-        adapter = adapters[i % len(adapters)]
         async for out in engine.generate(req.prompt, params, request_id=f"{mix}-{i}-{sent}", adapter=adapter):
             tokens += len(out.token_ids)
             if out.index == 0:
                 stamps.extend([time.perf_counter()] * len(out.token_ids))
-        return {"sent": sent, "stamps": stamps, "tokens": tokens}
+        return {"sent": sent, "stamps": stamps, "tokens": tokens, "tag": label}
 
     done = await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
     wall = max(d["stamps"][-1] for d in done) - start
-    return summarise(done, wall, engine.profile_summary())
+    result = summarise(done, wall, engine.profile_summary())
+    if tag is not None:
+        result["ttft_by_tag"] = ttft_by_tag(done)
+    return result
 
 
 def greedy_twin(mixed: dict) -> dict:
@@ -131,6 +144,7 @@ def summarise(done: list[dict], wall: float, profile: dict) -> dict:
         **{f"ttft_ms_p{q}": pct(ttft, q) for q in (50, 99)},
         **{f"tpot_ms_p{q}": pct(tpot, q) for q in (50, 99)},
         **{f"itl_ms_p{q}": pct(itl, q) for q in (50, 99)},
+        "itl_ms_max": float(itl.max()),
         "graphed_fraction": profile.get("graphed_fraction"),
         "step_kinds": profile.get("kinds"),
         "device_busy_fraction": profile.get("device_busy_fraction"),
@@ -138,6 +152,18 @@ def summarise(done: list[dict], wall: float, profile: dict) -> dict:
         # Mean host and device milliseconds per step, by phase (replica/profiler.py's fields).
         "step_ms_mean": {k: v["mean"] for k, v in profile.items() if isinstance(v, dict) and "mean" in v},
     }
+
+
+def ttft_by_tag(done: list[dict]) -> dict[str, dict]:
+    """Each tag's request count and TTFT p50, p99 and max (run_trace's `tag`)."""
+    groups: dict[str, list[float]] = {}
+    for d in done:
+        groups.setdefault(d["tag"], []).append((d["stamps"][0] - d["sent"]) * 1e3)
+    return {
+        tag: {"requests": len(ttft), **{f"ttft_ms_p{q}": float(np.percentile(ttft, q)) for q in (50, 99)},
+              "ttft_ms_max": max(ttft)}
+        for tag, ttft in sorted(groups.items())
+    }  # fmt: skip
 
 
 def engine_config(args, **extra) -> EngineConfig:

@@ -34,12 +34,14 @@ import itertools
 import json
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from bench.engine_trace import (
+    Tag,
     TraceRequest,
     add_engine_args,
     add_trace_shape_args,
@@ -73,22 +75,30 @@ def warm_trace(trace: list[TraceRequest], count: int, output_max: int) -> list[T
     ]
 
 
-async def measure(engine: Engine, trace: list[TraceRequest], mix: str, names: list[str | None]) -> dict:
-    """One run of the trace, with the preemptions and slot loads it caused."""
+async def measure(
+    engine: Engine, trace: list[TraceRequest], mix: str, names: list[str | None], tag: Tag | None = None
+) -> dict:
+    """One run of the trace, with the preemptions and slot loads it caused (`tag`: run_trace's)."""
     slots = engine.core.scheduler.lora
     before = engine.stats().num_preemptions, slots.num_loads if slots else 0
-    result = await run_trace(engine, trace, mix, names)
+    result = await run_trace(engine, trace, mix, names, tag)
     result["preemptions"] = engine.stats().num_preemptions - before[0]
     if slots is not None:
         result["slot_loads"] = slots.num_loads - before[1]
     return result
 
 
+def trace_mix(engine: Engine) -> str:
+    """The realistic sampling mix, without its JSON schemas where the engine has no tokenizer to
+    constrain output with (the 8B preset with random weights)."""
+    return "mixed" if engine.loaded.tokenizer is not None else "mixed_noschema"
+
+
 async def run_configs(engine: Engine, args, configs: dict, out: dict) -> None:
     """Every configuration at every rate on this engine, into out["results"]; the JSON is written
     after each run (a run cut off by its time limit still reports)."""
     vocab = engine.loaded.config.vocab_size
-    mix = out["mix"] = "mixed" if engine.loaded.tokenizer is not None else "mixed_noschema"
+    mix = out["mix"] = trace_mix(engine)
     every_name = list(dict.fromkeys(n for names in configs.values() for n in names))
     await run_trace(
         engine,
@@ -228,10 +238,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    """--smoke swaps the defaults for SMOKE's; options given on the command line still win."""
-    p = parser()
+    return parse_with(argv, parser, SMOKE)
+
+
+def parse_with(
+    argv: list[str] | None, make_parser: Callable[[], argparse.ArgumentParser], smoke: dict
+) -> argparse.Namespace:
+    """--smoke swaps `make_parser()`'s defaults for `smoke`'s; options given on the command line still
+    win (bench/lora_churn.py's parse too)."""
+    p = make_parser()
     if p.parse_args(argv).smoke:
-        p.set_defaults(**SMOKE)
+        p.set_defaults(**smoke)
     return p.parse_args(argv)
 
 

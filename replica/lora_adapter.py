@@ -8,8 +8,8 @@ top of it (DoRA's magnitudes, LoRA biases, modules saved whole, embedding or hea
 ranks) is refused here, at registration, naming the setting: served silently without it, the
 adapter would give wrong tokens, not an error.
 
-Weights are kept on the host in float32 with the scaling folded into B; `lora_layout.pack` turns them
-into one slot's flat buffer in the model's dtype.
+Weights are read into float32 with the scaling folded into B; `lora_layout.pack` turns them into one
+slot's flat buffer in the model's dtype, and the registry keeps that image only.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class LoraAdapter:
     scaling: float
     targets: tuple[str, ...]  # HF module names that carry weights, in TARGETS order
     digest: str  # of the weights file: the prefix cache keys and the routers name the adapter by it
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # emptied once packed (registry)
     uid: int = field(default_factory=lambda: next(_uids))  # this registration (a name may come back)
     packed: torch.Tensor | None = None  # the slot image (lora_layout.pack), set by the registry
     removed: bool = False  # unregistered: requests that hold it finish, its slot goes first

@@ -1,5 +1,5 @@
 """The slot pool's bookkeeping (hold, LRU eviction, waiting when every slot is held), the packed slot
-image, and a step's adapter rows and tiles."""
+image (the only host copy the registry keeps), and a step's adapter rows and tiles."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from replica.lora_adapter import LoraAdapter, ModuleShapes
+from replica.lora_adapter import LoraAdapter, ModuleShapes, read_adapter
 from replica.lora_layout import LoraLayout
+from replica.lora_registry import LoraRegistry
 from replica.lora_slots import LoraSlots
 from replica.lora_step import TILE_ROWS, fill_lora, max_tiles
+from tests.lora_files import write_lora
 
 SHAPES = ModuleShapes(2, {
     "q_proj": (8, 8), "k_proj": (8, 4), "v_proj": (8, 4), "o_proj": (8, 8),
@@ -51,6 +53,17 @@ def test_pack_places_each_part_and_pads_with_zeros():
     up_a, up_b = layout.views(pool, 0, "gate_up_proj")
     assert torch.equal(up_a[0, 4:6], adapter.weights[(0, "up_proj")][0])
     assert torch.equal(up_b[0, 16:, :2], adapter.weights[(0, "up_proj")][1])
+
+
+def test_the_registry_keeps_only_the_slot_image(tmp_path) -> None:
+    """One slot image per registered adapter (docs/engine.md): the float32 matrices it was packed
+    from are let go, or 500 registered 8B-shape adapters would take 240 MiB each, not 80."""
+    path = write_lora(tmp_path / "a", 2, SHAPES.features, rank=2, modules=("k_proj", "up_proj"))
+    layout = LoraLayout(SHAPES, 4)
+    adapter = LoraRegistry(layout, torch.float32, pin=False).add("a", str(path))
+    assert adapter.weights == {} and adapter.packed.shape == (layout.total,)
+    reference = layout.pack(read_adapter("a", str(path), SHAPES, 4), torch.float32)
+    assert adapter.packed.any() and torch.equal(adapter.packed, reference)
 
 
 def test_slots_load_hold_and_evict_least_recently_released():
