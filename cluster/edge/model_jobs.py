@@ -12,11 +12,17 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.config import AppConfig
 from cluster.edge.job_builder import JobBuilder
-from cluster.text.prompts import PromptEncoder
+from cluster.text.prompts import PromptEncoder, tokenizer_source
+from cluster.text.tokenizer import export_all
 
 
 def job_builders(cfg: AppConfig, replicas: Mapping[str, DeploymentHandle]) -> dict[str, JobBuilder]:
-    """Served name -> its builder. Models on one checkpoint share one loaded tokenizer."""
+    """Served name -> its builder. Models on one checkpoint share one loaded tokenizer; the
+    checkpoints' tokenizers not exported yet are exported first, in one child process."""
+    keys = [
+        (m.engine.model, m.engine.random_weights, m.engine.synthetic_tokenizer) for m in cfg.served_models
+    ]
+    export_all(source for key in keys if (source := tokenizer_source(*key)) is not None)
     encoders: dict[tuple[str, bool, bool], PromptEncoder] = {}
     builders = {}
     for m in cfg.served_models:

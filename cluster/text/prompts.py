@@ -37,12 +37,19 @@ def load_tokenizer(model: str, random_weights: bool, synthetic: bool = False) ->
         if vocab is None:
             raise ValueError(f"synthetic_tokenizer needs a preset (its vocabulary size), not {model!r}")
         return word_router_tokenizer(vocab)
+    source = tokenizer_source(model, random_weights)
+    return RouterTokenizer.from_dir(source) if source is not None else None
+
+
+def tokenizer_source(model: str, random_weights: bool, synthetic: bool = False) -> Path | None:
+    """The directory ``load_tokenizer`` reads the model's tokenizer from; None where it reads none
+    (the synthetic word tokenizer, random weights without a converted tokenizer)."""
+    if synthetic:
+        return None
     if random_weights:
         cached = cache_root() / model
-        if model in REAL_WEIGHTS and (cached / "tokenizer.json").exists():
-            return RouterTokenizer.from_dir(cached)
-        return None
-    return RouterTokenizer.from_dir(tokenizer_dir(model))
+        return cached if model in REAL_WEIGHTS and (cached / "tokenizer.json").exists() else None
+    return tokenizer_dir(model)
 
 
 def tokenizer_dir(model: str) -> Path:

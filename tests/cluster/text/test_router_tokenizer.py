@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from transformers import AutoTokenizer
 
 from cluster.errors import BadRequest
 from cluster.text.prompts import PromptEncoder, tokenizer_dir
-from cluster.text.tokenizer import RouterTokenizer
+from cluster.text.tokenizer import RouterTokenizer, export_all, exported_dir
 
 TEXTS = [
     "Hello there",
@@ -120,3 +121,39 @@ def test_a_template_in_its_own_file_wins(smollm_dir: Path, tmp_path: Path):
     model_dir = copy_with_config(smollm_dir, tmp_path / "jinja-file", chat_template="{{ 'from config' }}")
     (model_dir / "chat_template.jinja").write_text("{{ 'from file' }}")
     assert RouterTokenizer.from_dir(model_dir).render_chat([]) == "from file"
+
+
+def test_a_routers_new_checkpoints_export_in_one_child(smollm_dir: Path, tmp_path: Path, monkeypatch):
+    """export_all: every directory not in the cache yet in one child process (one transformers import),
+    the same export exported_dir makes; a directory that cannot be exported leaves the others done
+    and gets its own error from exported_dir."""
+    dirs = [
+        copy_with_config(smollm_dir, tmp_path / name, chat_template=f"{{{{ '{name}' }}}}") for name in "ab"
+    ]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("not json")
+    children = []
+    real_run = subprocess.run
+
+    def counted(code, **kwargs):
+        children.append(code)
+        return real_run(code, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counted)
+    export_all([*dirs, broken, dirs[0]])
+    assert len(children) == 1
+    for name, model_dir in zip("ab", dirs, strict=True):
+        assert RouterTokenizer.from_dir(model_dir).render_chat([]) == name
+    assert len(children) == 1  # read from the cache, no child of its own
+    reference = copy_with_config(smollm_dir, tmp_path / "alone", chat_template="{{ 'a' }}")
+    assert sorted(p.name for p in exported_dir(dirs[0]).iterdir()) == sorted(
+        p.name for p in exported_dir(reference).iterdir()
+    )
+    assert exported_dir(dirs[0]).joinpath("tokenizer.json").read_bytes() == (
+        exported_dir(reference).joinpath("tokenizer.json").read_bytes()
+    )
+    with pytest.raises(FileNotFoundError, match="broken: its tokenizer could not be loaded"):
+        exported_dir(broken)
+    export_all(dirs)
+    assert len(children) == 3  # the reference's and broken's own; then nothing new to export
