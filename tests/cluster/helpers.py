@@ -109,6 +109,34 @@ def start_app(name: str, prefix: str, config: dict) -> None:
     raise TimeoutError(f"app {name} did not start")
 
 
+def deploy_apps(apps: list[tuple[str, str, dict]]) -> None:
+    """Deploy every (name, route prefix, config) in one request and return at once; their replicas
+    start side by side, and beside whatever the caller does next (``wait_running``). ``serve.run``
+    waits for its app to run whatever ``blocking`` says. Room for them is the caller's care: the
+    test Ray has 6 logical CPUs (``replica_num_cpus``)."""
+    targets = [
+        serve.RunTarget(build_app(config), name=name, route_prefix=prefix) for name, prefix, config in apps
+    ]
+    serve.run_many(targets, wait_for_applications_running=False)
+
+
+def wait_running(names: list[str], timeout_s: float = 600) -> None:
+    """Wait until every named app runs; an app whose deployment failed raises at once."""
+    deadline = time.monotonic() + timeout_s
+    waiting = set(names)
+    while waiting:
+        statuses = serve.status().applications
+        for name in sorted(waiting):
+            app = statuses.get(name)
+            if app is not None and app.status == "DEPLOY_FAILED":
+                raise RuntimeError(f"app {name} did not start: {app.message}")
+        waiting = {n for n in waiting if statuses.get(n) is None or statuses[n].status != "RUNNING"}
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"apps {sorted(waiting)} did not start in {timeout_s:.0f} s")
+        if waiting:
+            time.sleep(0.5)
+
+
 def admin_state(base: str) -> dict:
     return httpx.get(f"{base}/admin/state", headers=ADMIN, timeout=10).json()
 

@@ -12,12 +12,22 @@ import pytest
 from ray import serve
 
 from bench.prefix_routing import run_conversations, summarize
-from tests.cluster.helpers import ALICE, BOB, MODEL, admin_state, start_app, wait_until, write_tenancy
+from tests.cluster.helpers import (
+    ALICE,
+    BOB,
+    MODEL,
+    admin_state,
+    deploy_apps,
+    wait_running,
+    wait_until,
+    write_tenancy,
+)
 
 CONVERSATIONS, TURNS = 4, 3
 
 
-def _run(choice: str, port: int, tenancy: Path, direct: bool = False) -> list[dict]:
+def _app(choice: str, tenancy: Path, direct: bool = False) -> tuple[str, str, dict]:
+    """(name, route prefix, config) of one run's app: two replicas of the embedded default."""
     name, path = (f"fl-choice-{choice}", f"/{choice}") if not direct else ("fl-direct", "/direct")
     config = {
         "engine": {"device": "cpu", "kv_cache_tokens": 16384, "max_num_seqs": 16},
@@ -27,8 +37,17 @@ def _run(choice: str, port: int, tenancy: Path, direct: bool = False) -> list[di
         "replica_choice": choice,
         "queue_timeout_s": 600.0,
         "direct_dispatch": direct,
+        # Ray's logical CPUs, not a core each: two of these apps (four replicas) at once beside the
+        # shared app's replica fit the test Ray's 6 with room to spare.
+        "replica_num_cpus": 0.5,
     }
-    start_app(name, path, config)
+    return name, path, config
+
+
+def _run(app: tuple[str, str, dict], port: int) -> list[dict]:
+    """The conversations through one running app, which is deleted after them."""
+    name, path, config = app
+    direct = config["direct_dispatch"]
     try:
         base = f"http://127.0.0.1:{port}{path}"
         if direct:  # both replicas found on the board before the conversations start
@@ -59,10 +78,27 @@ def _streamed(base: str) -> str:
 
 @pytest.fixture(scope="module")
 def runs(ray_serve: int, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    """The three runs one after another, each app deployed while the one before it runs its
+    conversations: its replicas start beside that run instead of after it (at most two apps, four
+    engine replicas, at once)."""
     tenancy = write_tenancy(tmp_path_factory.mktemp("choice") / "tenants.yaml")
-    runs = {choice: _run(choice, ray_serve, tenancy) for choice in ("load", "prefix")}
-    runs["direct"] = _run("prefix", ray_serve, tenancy, direct=True)
-    return runs
+    apps = {"load": _app("load", tenancy), "prefix": _app("prefix", tenancy)}
+    apps["direct"] = _app("prefix", tenancy, direct=True)
+    order = list(apps)
+    runs: dict[str, list[dict]] = {}
+    try:
+        deploy_apps([apps[order[0]]])
+        for kind, following in zip(order, [*order[1:], None], strict=True):
+            wait_running([apps[kind][0]])
+            if following is not None:
+                deploy_apps([apps[following]])
+            runs[kind] = _run(apps[kind], ray_serve)
+        return runs
+    finally:  # what a failed start or run left (each run deletes its own app when it is done)
+        running = serve.status().applications
+        for name, _, _ in apps.values():
+            if name in running:
+                serve.delete(name)
 
 
 def test_prefix_choice_sends_every_later_turn_to_the_replica_holding_its_history(runs) -> None:
