@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FP8 on one H100/H200 (issue 45), in one device call (~8 min); JSON in $OUT.
-#   bash bench/h200_fp8_serving_runs.sh
+#   bash bench/h200_fp8_serving_runs.sh        (carry .device: the trace's JSON schemas need llguidance)
 # 1. tests/gpu/test_gpu_fp8_kv.py (the decode kernel widening e4m3 to float16 and to bfloat16).
 # 2. bench/decode_attention.py over an e4m3 cache: widened to float16 against bfloat16, tokens per
 #    iteration 128/256, at the FP8 KV capacity of the 8B shape (216 sequences of 4,096 tokens), and
@@ -10,7 +10,7 @@
 # 4. bench/fp8_serving_table.py: the ratios against the issue's targets.
 set -u
 out=${OUT:-out}; mkdir -p "$out"; out=$(cd "$out" && pwd)
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source bench/device_python.sh  # the packed packages where the GPU image lacks them (llguidance)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 [ -n "${SKIP_TESTS:-}" ] || timeout 150 python3 -m pytest -q tests/gpu/test_gpu_fp8_kv.py \
   --confcutdir=tests/gpu -p no:cacheprovider 2>&1 | tail -4
