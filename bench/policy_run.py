@@ -105,7 +105,8 @@ class PolicyBench:
         return cfg
 
     def run(self) -> None:
-        from cluster.ops.local_cluster import local_cluster, redeploy  # Ray: only when a cluster is started
+        # Ray: only when a cluster is started
+        from cluster.ops.local_cluster import local_cluster, redeploy, short_router_drain_window
 
         p = self.plan
         self.port = free_port()
@@ -122,6 +123,9 @@ class PolicyBench:
         for label, why in schedule.skipped:
             self.skip(label, why)
         os.environ["RAY_TMPDIR"] = str(self.work / "ray")  # this run's Ray only, never another's
+        # The run's only load balancer is its own edge, and nothing is sent while a redeploy waits
+        # for the old routers to stop: Serve's 30-s window was most of each redeploy (the demo's).
+        short_router_drain_window()
         t = time.monotonic()
         with local_cluster(first) as url:
             url = client_url(first, url)

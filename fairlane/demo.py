@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from cluster.config import AppConfig
-from cluster.ops.local_cluster import local_cluster, redeploy
+from cluster.ops.local_cluster import local_cluster, redeploy, short_router_drain_window
 from fairlane.demo_load import DemoLoad, LoadResult, run_load
 from fairlane.demo_report import print_comparison, quiet_figures, sla_table
 
@@ -26,10 +25,6 @@ DEMO_TENANCY = Path(__file__).resolve().parents[1] / "tenancy" / "demo_cpu_tenan
 POLICIES = ("fcfs", "fairlane")
 QUIET = ("alice", "dave")
 NOISY = "carol"
-# Serve keeps a stopping router reachable this long (30 s by default) so that load balancers can
-# take it out. The demo's only one is its own HAProxy, and no request is sent while the redeploy
-# waits for the first run's router to stop: 30 s of the demo's ~100 s went to that wait.
-DRAIN_WINDOW_VAR, DEMO_DRAIN_WINDOW_S = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2"
 # Room for eight requests on the replica: the fairlane dispatcher keeps two of them for tenants
 # holding little (a quarter), so both quiet tenants fit while carol holds the other six.
 DEMO_ROOM = 8
@@ -66,8 +61,9 @@ def run_demo(load: DemoLoad, port: int, console: Console) -> DemoResult:
     first = demo_config(port, POLICIES[0])
     model = first.served_model_name
     _quiet_serve_logs()
-    # Set before Ray starts: its processes inherit it (Serve reads it once, at import).
-    os.environ.setdefault(DRAIN_WINDOW_VAR, DEMO_DRAIN_WINDOW_S)
+    # The demo's only load balancer is its own HAProxy, and no request is sent while the redeploy
+    # waits for the first run's router to stop: 30 s of the demo's ~100 s went to that wait.
+    short_router_drain_window()
     with local_cluster(first) as base_url:
         console.print(f"cluster up at {base_url} (SmolLM2 on CPU, one replica, room for {DEMO_ROOM})")
         for policy in POLICIES:

@@ -27,12 +27,23 @@ log = logging.getLogger(__name__)
 APP_NAME = "fairlane"
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
 START_TIMEOUT_S = 300.0
+# Serve keeps a stopping router reachable this long (30 s by default) so that load balancers can
+# take it out before it goes; a redeploy waits for the old routers to stop.
+ROUTER_DRAIN_WINDOW_VAR = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def short_router_drain_window(seconds: float = 2.0) -> None:
+    """For a cluster whose only load balancer is its own (the demo, the policy benchmark) and which
+    sends nothing while it redeploys: a stopping router stays reachable ``seconds``, not Serve's 30.
+    Set before Ray starts (its processes inherit it; Serve reads it once, at import); a value the
+    user set wins."""
+    os.environ.setdefault(ROUTER_DRAIN_WINDOW_VAR, f"{seconds:g}")
 
 
 def ray_env(proxy_grpc: bool | None = True, config: AppConfig | None = None) -> None:
