@@ -142,8 +142,9 @@ def test_unknown_quantization_and_kv_dtypes_are_refused_by_the_config() -> None:
 QUALITY_TEXT = "\n\n".join(PARAGRAPHS)  # 8 plain English paragraphs, 324 tokens
 # The issue's target is +3%. On SmolLM2-135M e4m3 itself misses it: the weights alone, per channel,
 # dequantised, add +4.0% (e4m3's 3 mantissa bits leave 2.6% relative error in every matrix, whatever
-# the scales), activations per token +3.2% more. The gate holds what was measured with some room.
-MAX_PERPLEXITY_RISE = 0.08
+# the scales), activations per token +1.3 points more (+5.3% in all). The gate holds what was
+# measured with some room.
+MAX_PERPLEXITY_RISE = 0.06
 
 
 def _logits(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.float32) -> torch.Tensor:
@@ -187,10 +188,13 @@ def test_fp8_smollm2_perplexity_rise_is_bounded(smollm2_dir, tokenizer) -> None:
     paragraphs of tests/replica/corpus.py (river town, compiler, mountain pass, photosynthesis,
     committee, sextant, soup stock, orchestra) joined by blank lines, 324 tokens.
 
-    Measured: perplexity 40.12 unquantised (transformers' own figure too), 43.01 FP8: +7.2%; FP8
-    weights alone 41.73 (+4.0%). In bf16 on the CPU: 40.11 against 42.26 (+5.4%). On a longer text
-    (corpus.long_text(3), 976 tokens, partly repeated): 3.645 against 3.799 (+4.2%). The issue's
-    +3% is not met by e4m3 on this 135M model (see MAX_PERPLEXITY_RISE); the gate is +8%."""
+    Measured (2026-12-06, the same at c27deaf, where FP8 came in: an earlier docstring's 43.01 and
+    +7.2% were not what this test computes): perplexity 40.12 unquantised (transformers' own figure
+    too), 42.25 FP8: +5.3%; FP8 weights alone 41.73 (+4.0%). In bf16 on the CPU: 40.11 against
+    42.26 (+5.4%). On a longer text (corpus.long_text(3), 976 tokens, partly repeated): 3.645
+    against 3.799 (+4.2%). Where it comes from (each set in float32, the rest FP8): gate_up +2.3%
+    left, down +3.8%, qkv +4.2%, o +5.4%; the last layer +3.1%, the last two +2.6%, the first
+    +5.9%. The issue's +3% is not met by e4m3 on this 135M model; the gate is +6%."""
     from replica.model_loader import build_model, read_config
     from replica.weights import load_checkpoint
 
