@@ -45,6 +45,7 @@ from cluster.config import AppConfig, load_app_config, with_overrides
 from cluster.ops.local_cluster import free_port, local_cluster
 from tenancy import DEMO_ADMIN_KEY, DEMO_KEYS
 
+CLIENT_START_TIMEOUT_S = 300.0  # spawning and importing the client processes, on a loaded box
 SMOKE = {"streams": 8, "stream_tokens": 24, "short_clients": 8, "duration": 4.0, "warmup": 2.0}
 SMOKE |= {"client_procs": 1, "replicas": 1}
 
@@ -61,20 +62,31 @@ def bench_config(args: argparse.Namespace, redis_url: str | None = None) -> AppC
     return AppConfig.model_validate(with_overrides(base.model_dump() | overrides, settings))
 
 
+def _client_ready(ready: Any) -> None:
+    """A client process's start: the client's imports, then wait for the other processes."""
+    import bench.data_path_client  # noqa: F401  (what `run` needs, loaded before the clock starts)
+
+    ready.wait(timeout=CLIENT_START_TIMEOUT_S)
+
+
 def phase(bases: list[str], args: argparse.Namespace, kind: str, pids: dict[str, int]) -> dict[str, Any]:
     """One phase; client process ``p`` sends to router ``bases[p % len(bases)]``."""
     clients = args.streams if kind == "streams" else args.short_clients
     tokens = args.stream_tokens if kind == "streams" else args.short_tokens
-    start = time.time() + args.warmup
-    end = start + args.duration
     procs = max(1, min(args.client_procs, clients))
-    plans = [
-        Plan(bases[p % len(bases)], args.model, list(DEMO_KEYS.values()), kind,
-             clients // procs + (p < clients % procs), tokens, args.tpot_ms / 1000, start, end, seed=p)
-        for p in range(procs)
-    ]  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(procs) as pool:
+    ready = ctx.Barrier(procs + 1)
+    with ctx.Pool(procs, initializer=_client_ready, initargs=(ready,)) as pool:
+        # The clock starts once every client process has started and imported its client: on a
+        # loaded box spawning them took longer than the warm-up, and a phase measured no request.
+        ready.wait(timeout=CLIENT_START_TIMEOUT_S)
+        start = time.time() + args.warmup
+        end = start + args.duration
+        plans = [
+            Plan(bases[p % len(bases)], args.model, list(DEMO_KEYS.values()), kind,
+                 clients // procs + (p < clients % procs), tokens, args.tpot_ms / 1000, start, end, seed=p)
+            for p in range(procs)
+        ]  # fmt: skip
         pending = pool.map_async(run, plans)
         time.sleep(max(0.0, start - time.time()))
         for base in bases:  # every router's loop-lag probe starts afresh
