@@ -41,7 +41,6 @@ def summarise(folder: Path) -> dict:
         figures = {}
         if lock and "async" in lock.get("results", {}):
             figures["lockstep_tok_s"] = lock["results"]["async"]["output_tokens_per_s"]
-            figures["device"] = lock.get("device") or lock.get("cuda")
         else:
             out["missing"].append(f"lockstep_{variant}")
         if trace:

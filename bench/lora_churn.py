@@ -54,8 +54,6 @@ import numpy as np
 from bench.engine_trace import (
     Tag,
     TraceRequest,
-    add_engine_args,
-    add_trace_shape_args,
     engine_config,
     loaded_model,
     make_trace,
@@ -64,7 +62,7 @@ from bench.engine_trace import (
     run_trace,
 )
 from bench.lora_step import adapter_names, register_adapters, slot_load_ms, write_adapter
-from bench.lora_trace import measure, parse_with, trace_mix, warm_trace
+from bench.lora_trace import lora_bench_parser, measure, parse_with, trace_mix, warm_trace
 from replica.engine import Engine
 
 TARGET_TTFT_ADDED_MS = 50.0  # issue 44: the p99 TTFT a load adds
@@ -230,17 +228,11 @@ def print_table(rep: dict) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_engine_args(p, "llama-3.1-8b", random_weights=True)
-    p.add_argument("--out", dest="json", type=Path, default=None, help="the JSON report (same as --json)")
-    add_trace_shape_args(p)
+    p = lora_bench_parser(__doc__, "CPU, SmolLM2, 4 slots, 16 names, short requests")
     p.add_argument("--requests", type=int, default=300, help="requests per run")
     p.add_argument("--rate", type=float, default=6.0, help="requests per second (Poisson)")
     p.add_argument("--slots", type=int, default=32, help="the device's adapter slots")
     p.add_argument("--registered", type=int, default=500, help="adapter names registered")
-    p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--register-workers", type=int, default=8, help="threads registering a1 onwards")
-    p.add_argument("--smoke", action="store_true", help="CPU, SmolLM2, 4 slots, 16 names, short requests")
     return p
 
 

@@ -221,19 +221,24 @@ def print_table(rep: dict) -> None:
     )
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def lora_bench_parser(doc: str, smoke_help: str) -> argparse.ArgumentParser:
+    """The options both LoRA trace benches take (this one and bench/lora_churn.py): the engine (8B
+    shape, random weights), the report, the trace's lengths, the adapters' rank and registration."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(p, "llama-3.1-8b", random_weights=True)
     p.add_argument("--out", dest="json", type=Path, default=None, help="the JSON report (same as --json)")
     add_trace_shape_args(p)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--register-workers", type=int, default=8, help="threads registering a1 onwards")
+    p.add_argument("--smoke", action="store_true", help=smoke_help)
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    p = lora_bench_parser(__doc__, "CPU, SmolLM2, a few short requests, 1 and 2 adapters")
     p.add_argument("--requests", type=int, default=200, help="requests per run")
     p.add_argument("--rates", default="20,inf", help="requests per second; inf = all at once")
     p.add_argument("--adapters", default="1,8,64", help="distinct adapter counts; the largest is the slots")
-    p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--register-workers", type=int, default=8, help="threads registering a1 onwards")
-    p.add_argument(
-        "--smoke", action="store_true", help="CPU, SmolLM2, a few short requests, 1 and 2 adapters"
-    )
     return p
 
 

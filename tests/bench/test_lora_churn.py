@@ -4,24 +4,17 @@ its headline; the GPU run's defaults are the issue's."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 from bench.engine_trace import MIXES, make_trace
 from bench.lora_churn import churn_names, headline, parse
 from bench.lora_step import adapter_names
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.smoke_run import run_smoke
 
 
 def test_the_smoke_run_loads_for_the_churn_run_only_and_reports_its_headline(tmp_path: Path) -> None:
     out = tmp_path / "lora_churn.json"
-    cmd = [sys.executable, "-m", "bench.lora_churn", "--smoke", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rep = json.loads(out.read_text())
+    rep, printed = run_smoke("bench.lora_churn", out)
     args = parse(["--smoke"])
     resident, churn = rep["results"]["resident"], rep["results"]["churn"]
     # Every request finished with all its tokens (EOS ignored; n = 2 answers count twice), in both runs.
@@ -43,7 +36,7 @@ def test_the_smoke_run_loads_for_the_churn_run_only_and_reports_its_headline(tmp
     assert rep["targets"]["ttft_p99_added_ok"] == (rep["ttft_p99_added_ms"] <= 50)
     load = rep["adapter_load"]
     assert load["registered"] == args.registered and load["slot_load_ms"] > 0 and load["peak_rss_gib"] > 0
-    assert "TTFT p99 added" in done.stdout.splitlines()[-1]  # the table, printed last
+    assert "TTFT p99 added" in printed.splitlines()[-1]  # the table, printed last
 
 
 def test_the_churn_order_is_every_name_once_in_a_seeded_order() -> None:

@@ -3,9 +3,6 @@ every rate, and its adapter runs really ran adapters; the GPU run's defaults are
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,16 +10,12 @@ import pytest
 from bench import engine_trace
 from bench.engine_trace import TraceRequest
 from bench.lora_trace import parse, warm_trace
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.smoke_run import run_smoke
 
 
 def test_the_smoke_run_reports_every_config_and_uses_its_adapters(tmp_path: Path) -> None:
     out = tmp_path / "lora_trace.json"
-    cmd = [sys.executable, "-m", "bench.lora_trace", "--smoke", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rep = json.loads(out.read_text())
+    rep, printed = run_smoke("bench.lora_trace", out)
     runs = [f"{config}@{rate}" for config in ("base", "adapters_1", "adapters_2") for rate in ("50", "inf")]
     assert sorted(rep["results"]) == sorted(runs)
     for key in runs:
@@ -40,7 +33,7 @@ def test_the_smoke_run_reports_every_config_and_uses_its_adapters(tmp_path: Path
     assert load["register_s"] > 0 and load["slot_load_ms"] > 0 and load["slot_bytes"] > 0
     effect = rep["adapter_effect"]
     assert effect["differs"] and len(effect["base_tokens"]) == len(effect["adapter_tokens"]) == 16
-    assert "adapter load:" in done.stdout.splitlines()[-1]  # the table, printed last
+    assert "adapter load:" in printed.splitlines()[-1]  # the table, printed last
 
 
 def test_the_gpu_run_defaults_are_the_issues_and_smoke_keeps_explicit_flags() -> None:

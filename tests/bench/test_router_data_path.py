@@ -5,9 +5,6 @@ stand-in behind the stream channel) delivers every token in order, once, and rep
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,8 +12,7 @@ import pytest
 
 from bench.step_replica import FIRST_TOKEN_ID, StepReplica
 from cluster.serving.wire import GenerateArgs
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.smoke_run import run_smoke
 
 
 def test_the_stand_in_paces_by_its_tpot_and_batches_by_coalesce() -> None:
@@ -38,10 +34,7 @@ def test_the_stand_in_paces_by_its_tpot_and_batches_by_coalesce() -> None:
 @pytest.mark.slow
 def test_the_smoke_run_delivers_every_token_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
-    cmd = [sys.executable, "-m", "bench.router_data_path", "--smoke", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, printed = run_smoke("bench.router_data_path", out, timeout_s=600)
     streams, short = result["phases"]["streams"], result["phases"]["short"]
     assert streams["ok_requests"] > 0 and short["ok_requests"] > 0
     for phase in (streams, short):
@@ -49,7 +42,7 @@ def test_the_smoke_run_delivers_every_token_and_reports(tmp_path: Path) -> None:
         assert phase["router_plus_proxy_cpu_ms_per_request"] > 0
         assert phase["router_loop_lag_ms"]["probes"] > 0
     assert streams["stream_channel"]["frames"] > 0 and streams["tokens_per_s"] > 0
-    assert "ok req/s" in done.stdout  # the table, printed last
+    assert "ok req/s" in printed  # the table, printed last
 
 
 def test_several_routers_cpu_is_summed_and_the_worst_loop_lag_reported() -> None:
