@@ -166,6 +166,7 @@ def engine_kwargs(engine: EngineSettings, gpu_share: float | None = None) -> dic
         "max_model_len": e.max_model_len,
         "enable_prefix_caching": e.enable_prefix_caching,
         "quantization": e.quantization,
+        "fp8_skip_modules": tuple(e.fp8_skip_modules),
         "kv_cache_dtype": e.kv_cache_dtype,
     } | _lora_kwargs(e)
 

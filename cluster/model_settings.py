@@ -93,6 +93,12 @@ class EngineSettings(_Frozen):
         "projections; needs a GPU of compute capability >= 8.9 (docs/engine.md, FP8). None: the "
         "checkpoint's own (an FP8 checkpoint is served in FP8), else the model dtype.",
     )
+    fp8_skip_modules: list[str] = Field(
+        default_factory=list,
+        description="With FP8: projections left in the model dtype, as Hugging Face module names or "
+        "'re:' and a regular expression (compressed-tensors' ignore syntax), on top of the checkpoint's "
+        "own list; a fused q/k/v or gate/up projection only as a whole (docs/engine.md, FP8).",
+    )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         default="auto",
         description="KV cache dtype: auto (the model dtype); fp8: e4m3 with a per-layer scale for K and "

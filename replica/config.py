@@ -29,6 +29,11 @@ class EngineConfig:
     # (replica/fp8_linear.py, docs/engine.md "FP8"); needs compute capability >= 8.9. None: the
     # checkpoint's own (an FP8 checkpoint's quantization_config turns it on), else the model dtype.
     quantization: str | None = None
+    # With FP8: projections left in the model dtype, as Hugging Face module names or "re:" patterns
+    # (compressed-tensors' `ignore` syntax; replica/fp8_skip.py), on top of the checkpoint's own list.
+    # On SmolLM2-135M the last two layers' ("re:model\.layers\.(28|29)\.") cut the perplexity rise
+    # from +5.3% to +2.6% (tests/replica/test_fp8.py).
+    fp8_skip_modules: tuple[str, ...] = ()
     # "auto": the model dtype. "fp8": e4m3 with a per-tensor scale per layer for K and V (1.0 unless the
     # checkpoint has k_scale / v_scale), half the bytes per block, so twice the blocks for the same
     # memory (replica/kv_quant.py, docs/engine.md "FP8"); needs compute capability >= 8.9.

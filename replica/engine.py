@@ -105,7 +105,13 @@ class Engine:
     def _build_core(self) -> EngineCore:
         cfg = self.config
         self.loaded = load_model(
-            cfg.model, self.device, self.dtype, cfg.random_weights, cfg.weights_seed, cfg.quantization
+            cfg.model,
+            self.device,
+            self.dtype,
+            cfg.random_weights,
+            cfg.weights_seed,
+            cfg.quantization,
+            cfg.fp8_skip_modules,
         )
         # The model's own limit: max_position_embeddings, or a sliding window (replica/architectures.py)
         self.max_model_len = min(cfg.max_model_len or MAX_CONTEXT_CAP, self.loaded.max_model_len)

@@ -14,7 +14,7 @@ The engine always quantises activations per token as they arrive: a checkpoint's
 `v_scale`, or one `kv_scale` for both, under `self_attn`, its `k_proj`/`v_proj` or `attn`) become the
 layer's `kv_scales` (`KVScaleReader`), used when the cache is FP8 (replica/kv_quant.py); a per-head
 scale is taken at its largest, so one per-tensor scale covers every head. A projection the
-checkpoint left in full precision (its `ignore` list) is quantised at load like a bf16 checkpoint's.
+checkpoint left in full precision (its `ignore` list) stays so (replica/fp8_skip.py).
 """
 
 from __future__ import annotations

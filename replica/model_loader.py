@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,9 +23,10 @@ from transformers import AutoConfig, AutoTokenizer, LlamaConfig, PreTrainedToken
 from replica.architectures import arch_spec, architecture_of
 from replica.checkpoint import checkpoint_files
 from replica.embedded_model import cache_root, ensure_converted
-from replica.errors import CheckpointError, UnknownModelError
+from replica.errors import CheckpointError, InvalidRequestError, UnknownModelError
 from replica.fp8_checkpoint import checkpoint_scheme
-from replica.fp8_linear import quantized_linears, require_fp8_device
+from replica.fp8_linear import fp8_modules, quantized_linears, require_fp8_device
+from replica.fp8_skip import checkpoint_ignore, keep_in_model_dtype, skipped_modules
 from replica.generation_defaults import GenerationDefaults, eos_list, read_generation_defaults
 from replica.llama import LlamaForCausalLM
 from replica.presets import REAL_WEIGHTS, SHAPES
@@ -67,13 +69,15 @@ def load_model(
     random_weights: bool,
     seed: int = 0,
     quantization: str | None = None,
+    fp8_skip: Sequence[str] = (),
 ) -> LoadedModel:
-    """`quantization` "fp8": FP8 projections, quantised at load (an FP8 checkpoint turns it on itself)."""
+    """`quantization` "fp8": FP8 projections, quantised at load (an FP8 checkpoint turns it on itself),
+    except those `fp8_skip` names (replica/fp8_skip.py) and the checkpoint's own `ignore` list."""
     start = time.perf_counter()
     if random_weights:
-        loaded = _load_random(name, device, dtype, seed, quantization)
+        loaded = _load_random(name, device, dtype, seed, quantization, fp8_skip)
     else:
-        loaded = _load_dir(name, device, dtype, quantization)
+        loaded = _load_dir(name, device, dtype, quantization, fp8_skip)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # the copies are asynchronous: count them in
     loaded.load_seconds = time.perf_counter() - start
@@ -98,7 +102,9 @@ def read_config(model_dir: Path):
         raise CheckpointError(f"{path}: transformers cannot read it ({exc})") from exc
 
 
-def _load_dir(name: str, device: torch.device, dtype: torch.dtype, quantization: str | None) -> LoadedModel:
+def _load_dir(
+    name: str, device: torch.device, dtype: torch.dtype, quantization: str | None, fp8_skip: Sequence[str]
+) -> LoadedModel:
     model_dir = model_dir_for(name)
     config, spec = read_config(model_dir)
     if checkpoint_scheme(config, model_dir / "config.json") is not None:
@@ -107,7 +113,7 @@ def _load_dir(name: str, device: torch.device, dtype: torch.dtype, quantization:
         require_fp8_device(device, f"{model_dir} (quantization '{quantization}')")
     checkpoint_files(model_dir)  # every shard present before any is read or memory is taken
     generation = read_generation_defaults(model_dir)
-    model = build_model(config, device, dtype, quantization)
+    model = build_model(config, device, dtype, quantization, fp8_skip)
     load_checkpoint(model, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ends = _end_ids(config, generation, tokenizer)
@@ -124,14 +130,19 @@ def _end_ids(config, generation: GenerationDefaults, tokenizer) -> tuple[int, ..
 
 
 def _load_random(
-    name: str, device: torch.device, dtype: torch.dtype, seed: int, quantization: str | None
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    quantization: str | None,
+    fp8_skip: Sequence[str],
 ) -> LoadedModel:
     if name not in SHAPES:
         raise UnknownModelError(f"no random-weight preset {name!r}; presets: {', '.join(sorted(SHAPES))}")
     if quantization is not None:
         require_fp8_device(device, f"quantization '{quantization}'")
     config = LlamaConfig(**SHAPES[name].to_config_dict())
-    model = build_model(config, device, dtype, quantization)
+    model = build_model(config, device, dtype, quantization, fp8_skip)
     init_random(model, seed)
     tokenizer = _tokenizer_for_random(name)
     ends = _end_ids(config, GenerationDefaults(), tokenizer)
@@ -148,13 +159,26 @@ def _tokenizer_for_random(name: str) -> PreTrainedTokenizerBase | None:
 
 
 def build_model(
-    config, device: torch.device, dtype: torch.dtype, quantization: str | None = None
+    config,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantization: str | None = None,
+    fp8_skip: Sequence[str] = (),
 ) -> LlamaForCausalLM:
-    """The module, empty, on `device`; with quantization "fp8" its projections are FP8Linear."""
+    """The module, empty, on `device`; with quantization "fp8" its projections are FP8Linear, except
+    those the checkpoint's `ignore` list or `fp8_skip` name (replica/fp8_skip.py): those stay in `dtype`."""
+    if fp8_skip and quantization is None:
+        raise InvalidRequestError(
+            "fp8_skip_modules names projections to leave out of FP8; quantization is not 'fp8'"
+        )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: an 8B model never exists in float32
     try:
         with torch.device(device), quantized_linears(quantization):
-            return LlamaForCausalLM(config)
+            model = LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(previous)
+    if quantization is not None:
+        keep = skipped_modules(fp8_modules(model), checkpoint_ignore(config), fp8_skip)
+        keep_in_model_dtype(model, keep, dtype)
+    return model

@@ -145,6 +145,19 @@ QUALITY_TEXT = "\n\n".join(PARAGRAPHS)  # 8 plain English paragraphs, 324 tokens
 # the scales), activations per token +1.3 points more (+5.3% in all). The gate holds what was
 # measured with some room.
 MAX_PERPLEXITY_RISE = 0.06
+# With the engine's `fp8_skip_modules` keeping SmolLM2's last two of 30 layers in the model dtype
+# (replica/fp8_skip.py; 93% of the projections' weights stay FP8): measured +2.6% and +3.1% (means of
+# six dithered runs, AVX-512 and AVX2), against the issue's +3%. The gate holds that with some room.
+LAST_TWO_LAYERS = (r"re:model\.layers\.(28|29)\.",)
+MAX_PERPLEXITY_RISE_LAST_TWO_KEPT = 0.04
+# An FP8 model's perplexity on one 324-token text is chaotic in the activations' float rounding: which
+# values land just past an e4m3 rounding midpoint flips with the last bit of a float32 sum. The same
+# code measured +6.45% with AVX-512 kernels and +5.2% with AVX2 (ATEN_CPU_CAPABILITY), and six
+# embeddings scaled by 1 + 1e-6·N(0, 1) gave +3.8% to +6.7% on one machine, while the float32 model's
+# figure did not move in its fourth digit. The FP8 figures are therefore the mean NLL of DITHER_RUNS
+# such runs (the unquantised model's is the same in each).
+DITHER_RUNS = 4
+DITHER = 1e-6
 
 
 def _logits(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.float32) -> torch.Tensor:
@@ -181,6 +194,25 @@ def _perplexity(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.
     return math.exp(float(nll))
 
 
+def _dithered_perplexity(
+    model, ids: list[int], runs: int = DITHER_RUNS, chunk: int | None = None, kv_dtype=torch.float32
+) -> float:
+    """exp(mean NLL over `runs` forwards), each with the embedding scaled by 1 + DITHER·N(0, 1) (seeded):
+    the FP8 figure's mean over float rounding, not one draw of it (see DITHER_RUNS; `_logits` for
+    `chunk` and `kv_dtype`)."""
+    weight = model.embed_tokens.weight
+    original = weight.detach().clone()
+    nlls = []
+    for seed in range(runs):
+        noise = torch.randn(original.shape, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            weight.copy_(original * (1 + DITHER * noise))
+        nlls.append(math.log(_perplexity(model, ids, chunk, kv_dtype)))
+    with torch.no_grad():
+        weight.copy_(original)
+    return math.exp(sum(nlls) / runs)
+
+
 def test_fp8_smollm2_perplexity_rise_is_bounded(smollm2_dir, tokenizer) -> None:
     """Real SmolLM2-135M weights, float32 on the CPU, against the same checkpoint read with FP8
     projections (weights quantised per channel at load by the engine's own code, activations per
@@ -188,24 +220,27 @@ def test_fp8_smollm2_perplexity_rise_is_bounded(smollm2_dir, tokenizer) -> None:
     paragraphs of tests/replica/corpus.py (river town, compiler, mountain pass, photosynthesis,
     committee, sextant, soup stock, orchestra) joined by blank lines, 324 tokens.
 
-    Measured (2026-12-06, the same at c27deaf, where FP8 came in: an earlier docstring's 43.01 and
-    +7.2% were not what this test computes): perplexity 40.12 unquantised (transformers' own figure
-    too), 42.25 FP8: +5.3%; FP8 weights alone 41.73 (+4.0%). In bf16 on the CPU: 40.11 against
-    42.26 (+5.4%). On a longer text (corpus.long_text(3), 976 tokens, partly repeated): 3.645
-    against 3.799 (+4.2%). Where it comes from (each set in float32, the rest FP8): gate_up +2.3%
-    left, down +3.8%, qkv +4.2%, o +5.4%; the last layer +3.1%, the last two +2.6%, the first
-    +5.9%. The issue's +3% is not met by e4m3 on this 135M model; the gate is +6%."""
+    Measured (2026-12-07, means of six dithered runs, see DITHER_RUNS): perplexity 40.12 unquantised
+    (transformers' own figure too); FP8 +5.1% with AVX-512 kernels, +5.7% with AVX2. Single runs
+    (2026-12-06, one machine, so each within the spread above): 42.25 FP8, +5.3%; FP8 weights alone
+    41.73 (+4.0%); in bf16 40.11 against 42.26 (+5.4%); on a longer text (corpus.long_text(3), 976
+    tokens, partly repeated) 3.645 against 3.799 (+4.2%); each part set in float32, the rest FP8:
+    gate_up +2.3% left, down +3.8%, qkv +4.2%, o +5.4%; the last layer +3.1%, the last two +2.6%, the
+    first +5.9%. With every projection in FP8 the issue's +3% is not met by e4m3 on this 135M model (the
+    gate is +6%); with the last two layers kept in float32 (`fp8_skip_modules`) the means are +2.6%
+    (AVX-512) and +3.1% (AVX2): at the issue's target, not within it on every machine."""
     from replica.model_loader import build_model, read_config
     from replica.weights import load_checkpoint
 
     ids = tokenizer.encode(QUALITY_TEXT, add_special_tokens=False)
     config, _ = read_config(smollm2_dir)
     ppl = {}
-    for quantization in (None, "fp8"):
-        model = build_model(config, torch.device("cpu"), torch.float32, quantization)
+    for label, quantization, skip in ((None, None, ()), ("fp8", "fp8", ()), ("kept", "fp8", LAST_TWO_LAYERS)):
+        model = build_model(config, torch.device("cpu"), torch.float32, quantization, skip)
         load_checkpoint(model, smollm2_dir)
-        ppl[quantization] = _perplexity(model.eval(), ids)
+        runs = 1 if quantization is None else DITHER_RUNS
+        ppl[label] = _dithered_perplexity(model.eval(), ids, runs)
     assert ppl[None] < 60  # a working model (a broken forward reads English at thousands)
-    rise = ppl["fp8"] / ppl[None] - 1
-    assert rise <= MAX_PERPLEXITY_RISE, ppl
-    assert ppl["fp8"] != ppl[None]  # the FP8 path ran
+    assert ppl["fp8"] / ppl[None] - 1 <= MAX_PERPLEXITY_RISE, ppl
+    assert ppl["kept"] / ppl[None] - 1 <= MAX_PERPLEXITY_RISE_LAST_TWO_KEPT, ppl
+    assert ppl[None] != ppl["kept"] != ppl["fp8"]  # the FP8 path ran, and the kept layers were not FP8

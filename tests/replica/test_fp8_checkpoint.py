@@ -22,6 +22,7 @@ from tests.replica.checkpoints import random_hf_model, tiny_config
 
 CPU = torch.device("cpu")
 SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
 def _compressed_tensors_config(strategy: str, inputs: dict | None) -> dict:
@@ -39,13 +40,22 @@ def _compressed_tensors_config(strategy: str, inputs: dict | None) -> dict:
     }  # fmt: skip
 
 
-def _write_fp8(tmp_path: Path, strategy: str = "channel", method: str = "compressed-tensors") -> Path:
+def _write_fp8(
+    tmp_path: Path,
+    strategy: str = "channel",
+    method: str = "compressed-tensors",
+    unquantised: str | None = None,
+) -> Path:
     """A tiny Llama (biases everywhere) whose projections are stored in e4m3 with `weight_scale`
-    tensors, as published FP8 checkpoints are; also static `input_scale`s and KV-cache scales."""
+    tensors, as published FP8 checkpoints are; also static `input_scale`s and KV-cache scales.
+    ``unquantised``: a module-name prefix (`model.layers.2.`) whose projections stay in full precision,
+    named in the config's ignore list as its writer would (compressed-tensors' `ignore`, the fp8
+    method's `ignored_layers`)."""
     out = tmp_path / f"fp8-{method}-{strategy}"
     random_hf_model(tiny_config("llama-bias", 256, hidden=64, heads=4, kv_heads=2)).save_pretrained(out)
     tensors = load_file(out / "model.safetensors")
-    for name in [n for n in tensors if n.endswith("proj.weight")]:
+    kept = [n.removesuffix(".weight") for n in tensors if unquantised and n.startswith(unquantised)]
+    for name in [n for n in tensors if n.endswith("proj.weight") and n.removesuffix(".weight") not in kept]:
         w = tensors[name]
         if strategy == "channel":
             q, scales = quantize_weight(w)
@@ -65,8 +75,10 @@ def _write_fp8(tmp_path: Path, strategy: str = "channel", method: str = "compres
     config = (
         _compressed_tensors_config(strategy, inputs)
         if method == "compressed-tensors"
-        else {"quant_method": "fp8", "activation_scheme": "static"}
+        else {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": []}
     )
+    ignore = [n for n in kept if n.endswith("proj")]
+    config["ignore" if method == "compressed-tensors" else "ignored_layers"] += ignore
     _edit_config(out, quantization_config=config)
     return out
 
@@ -215,4 +227,27 @@ def test_a_float8_tensor_for_a_full_precision_parameter_is_refused(tmp_path) -> 
     tensors["lm_head.weight"] = tensors["lm_head.weight"].to(torch.float8_e4m3fn)
     save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"lm_head\.weight is float8"):
+        _read(model_dir)
+
+
+@pytest.mark.parametrize("method", ["compressed-tensors", "fp8"])
+def test_a_checkpoints_ignore_list_stays_in_full_precision(tmp_path, method) -> None:
+    """Layer 2 stored in full precision and listed as ignored: it is read as stored, in the model
+    dtype, not quantised at load; the other layers are FP8 as stored."""
+    model_dir = _write_fp8(tmp_path, method=method, unquantised="model.layers.2.")
+    model = _read(model_dir)
+    assert set(fp8_modules(model)) == {f"layers.{i}.{m}" for i in (0, 1) for m in _PROJECTIONS}
+    tensors = load_file(model_dir / "model.safetensors")
+    qkv, down = model.layers[2].self_attn.qkv_proj, model.layers[2].mlp.down_proj
+    assert not isinstance(qkv, FP8Linear) and qkv.weight.dtype == torch.float32
+    k = tensors["model.layers.2.self_attn.k_proj.weight"]
+    assert torch.equal(qkv.weight[64:96], k)  # k's rows, exactly as stored
+    assert torch.equal(down.weight, tensors["model.layers.2.mlp.down_proj.weight"])
+
+
+def test_a_fused_projection_ignored_in_part_is_refused(tmp_path) -> None:
+    model_dir = _write_fp8(tmp_path, unquantised="model.layers.2.self_attn.q_proj")
+    with pytest.raises(
+        CheckpointError, match=r"model\.layers\.2\.self_attn\.q_proj left unquantised but not"
+    ):
         _read(model_dir)

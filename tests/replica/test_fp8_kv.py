@@ -4,6 +4,7 @@ the pool's sizing (replica/kv_quant.py, replica/attention.py, replica/fp8_checkp
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -179,39 +180,49 @@ def test_a_mixed_step_writes_and_reads_fp8_as_the_dequantised_cache(scales: KVSc
 # ---- real weights: SmolLM2-135M with its KV cache in e4m3 --------------------------------------------
 # Measured (float32 on the CPU, prefill chunks of 16 tokens, each reading its context back from the
 # cache and its own keys as the cache holds them, the eight corpus paragraphs of
-# tests/replica/corpus.py, 324 tokens): perplexity 40.123 with a float32 cache, 40.252 with an e4m3
-# one at scale 1 (+0.32%); logits (range ±42) at most 2.74 apart, 3.5% of their norm apart, the same
-# argmax at 94% of positions. (With the chunk's own keys left unquantised it was -0.04%, 2.42 and
-# 3.4%: the bounds below follow the e4m3 reads of every key, which keep graphed and eager steps
-# equal.) Keys and values reach |19.4| and |15.6| at most in this model: e4m3's ±448 holds them at
-# scale 1 with room to spare.
+# tests/replica/corpus.py, 324 tokens): perplexity 40.123 with a float32 cache; with an e4m3 one at
+# scale 1, one run gave +0.32% on one machine and -0.57% on another (AVX-512): the figure moves with
+# the activations' float rounding, as the FP8 weights' does (tests/replica/test_fp8.py DITHER_RUNS).
+# The means of four dithered runs: -0.22% (AVX-512) and -0.04% (AVX2). Logits (range ±42), the same
+# four runs on both: at most 2.22-2.86 apart, 3.51-3.67% of their norm apart (the mean 3.56% and
+# 3.61%; the earlier bound of 3.6% on one run was passed or failed by the draw). (With the chunk's own
+# keys left unquantised it was -0.04%, 2.42 and 3.4%: the bounds below follow the e4m3 reads of every
+# key, which keep graphed and eager steps equal.) Keys and values reach |19.4| and |15.6| at most in
+# this model: e4m3's ±448 holds them at scale 1 with room to spare.
 KV_CHUNK = 16
-MAX_KV_PERPLEXITY_CHANGE = 0.005
-MAX_KV_LOGIT_DIFF = 3.0
-MAX_KV_LOGIT_REL = 0.036
+MAX_KV_PERPLEXITY_CHANGE = 0.005  # of the dithered mean
+MAX_KV_LOGIT_DIFF = 3.0  # in every dithered run
+MAX_KV_LOGIT_REL = 0.038  # the mean over the dithered runs
 
 
 def test_smollm2_with_an_fp8_kv_cache_keeps_its_logits_and_perplexity(smollm2_dir, tokenizer) -> None:
-    from tests.replica.test_fp8 import QUALITY_TEXT, _logits
+    from tests.replica.test_fp8 import DITHER, DITHER_RUNS, QUALITY_TEXT, _logits
 
     ids = tokenizer.encode(QUALITY_TEXT, add_special_tokens=False)
     config, _ = read_config(smollm2_dir)
     model = build_model(config, torch.device("cpu"), F32, None)
     load_checkpoint(model, smollm2_dir)
     model.eval()
-    base = _logits(model, ids, KV_CHUNK, F32)
-    fp8 = _logits(model, ids, KV_CHUNK, FP8_DTYPE)
+    original = model.embed_tokens.weight.detach().clone()
     target = torch.tensor(ids[1:])
-    ppl = {
-        name: float(torch.nn.functional.cross_entropy(logits[:-1], target).exp())
-        for name, logits in (("f32", base), ("fp8", fp8))
-    }
+    nll = {"f32": [], "fp8": []}
+    diffs, rels = [], []
+    for seed in range(DITHER_RUNS):
+        noise = torch.randn(original.shape, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(original * (1 + DITHER * noise))
+        base = _logits(model, ids, KV_CHUNK, F32)
+        fp8 = _logits(model, ids, KV_CHUNK, FP8_DTYPE)
+        for name, logits in (("f32", base), ("fp8", fp8)):
+            nll[name].append(float(torch.nn.functional.cross_entropy(logits[:-1], target)))
+        diffs.append(float((fp8 - base).abs().max()))
+        rels.append(_rel(fp8, base))
+        assert not torch.equal(fp8[:KV_CHUNK], base[:KV_CHUNK])  # even the first chunk's own keys are e4m3
+    ppl = {name: math.exp(sum(values) / len(values)) for name, values in nll.items()}
     assert ppl["f32"] < 60, ppl  # a working model
     assert abs(ppl["fp8"] / ppl["f32"] - 1) <= MAX_KV_PERPLEXITY_CHANGE, ppl
-    diff = float((fp8 - base).abs().max())
-    assert 0 < diff <= MAX_KV_LOGIT_DIFF, diff  # the e4m3 cache was read, and it moved the logits little
-    assert _rel(fp8, base) <= MAX_KV_LOGIT_REL
-    assert not torch.equal(fp8[:KV_CHUNK], base[:KV_CHUNK])  # even the first chunk's own keys are e4m3
+    assert all(0 < d <= MAX_KV_LOGIT_DIFF for d in diffs), diffs  # the e4m3 cache was read, and moved little
+    assert sum(rels) / len(rels) <= MAX_KV_LOGIT_REL, rels
 
 
 # ---- checkpoint scales, the refusal, the pool ----------------------------------------------------------
