@@ -25,7 +25,7 @@ ITEMS = [
     FakeItem("tests/b/test_served.py::test_first", ["base_url", "ray_serve"]),
     FakeItem("tests/b/test_mixed.py::test_alone"),
     FakeItem("tests/b/test_mixed.py::test_through_serve", ["fault_port"]),
-    FakeItem("tests/b/test_mixed.py::test_through_the_cluster", ["cluster_url"]),
+    FakeItem("tests/b/test_mixed.py::test_through_the_cluster", ["serve_port"]),
     FakeItem("tests/a/test_plain.py::test_two"),
     FakeItem("tests/c/test_drain.py::test_sigterm", own_ray=True),
     FakeItem("tests/c/test_drain.py::test_helper"),
@@ -41,7 +41,7 @@ def test_each_shared_ray_module_is_in_its_rays_unit_and_the_rest_are_their_own()
         "tests/a/test_plain.py": "tests/a/test_plain.py",
         "tests/f/test_soak.py": FAULTS_UNIT,
         "tests/b/test_served.py": RAY_UNIT,
-        "tests/b/test_mixed.py": RAY_UNIT,  # fault_port first, cluster_url after: the cluster's Ray
+        "tests/b/test_mixed.py": RAY_UNIT,  # fault_port first, serve_port after: the cluster's Ray
         "tests/c/test_drain.py": "tests/c/test_drain.py",
         "tests/f/test_fuzz.py": FAULTS_UNIT,
     }

@@ -4,7 +4,7 @@ Two units share a Ray + Serve each, one per worker, so the Ray work no longer ru
 while the other idles (it did for the last ~380 s of a 1,415-s run, cpu_test_suite_dec06.json in
 docs/bench):
 * ``ray``: every module with a test that needs the cluster tests' Ray + Serve (``ray_serve``,
-  ``cluster_url``, ``serve_port``), in collection order, as a plain run does. The longest unit: sent
+  ``serve_port``), in collection order, as a plain run does. The longest unit: sent
   first.
 * ``ray-faults``: the fault drills (``fault_port``), sent second. Their Ray is the cluster tests' in a
   plain run; under two workers the other worker starts its own, in a private temp dir
@@ -36,7 +36,6 @@ import pytest
 RAY_UNIT, FAULTS_UNIT = "ray", "ray-faults"
 RAY_FIXTURES = {
     "ray_serve": RAY_UNIT,
-    "cluster_url": RAY_UNIT,
     "serve_port": RAY_UNIT,
     "fault_port": FAULTS_UNIT,
 }

@@ -30,6 +30,12 @@ START_TIMEOUT_S = 300.0
 # Serve keeps a stopping router reachable this long (30 s by default) so that load balancers can
 # take it out before it goes; a redeploy waits for the old routers to stop.
 ROUTER_DRAIN_WINDOW_VAR = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+# Serve's controller kills a proxy (or HAProxy manager) that has not answered its first ready check
+# within this many seconds (5 by default), and `serve.start` then fails on the dead actor. On a busy
+# 2-core machine (beside two busy loops) a new proxy's worker start and imports took longer, and Serve
+# did not start. A proxy still starting is not an unhealthy one: give it a minute.
+PROXY_READY_VAR = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+PROXY_READY_S = 60.0
 
 
 def free_port() -> int:
@@ -56,6 +62,7 @@ def ray_env(proxy_grpc: bool | None = True, config: AppConfig | None = None) -> 
     as it is.
     """
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    os.environ.setdefault(PROXY_READY_VAR, f"{PROXY_READY_S:g}")  # a value the user set wins
     if proxy_grpc is not None:
         os.environ["RAY_SERVE_PROXY_USE_GRPC"] = "1" if proxy_grpc else "0"
     if config is not None:

@@ -1,15 +1,18 @@
-"""The load generator and the cluster's own SLA report agree on the same run (real Serve app, SmolLM2 on CPU).
+"""The load generator and the cluster's own SLA report agree on the same run (``fairlane serve`` with
+its default edge, SmolLM2 on CPU).
 
 Tolerance on TTFT: the server starts its clock when the request reaches the router and stops it at
 the router's first output; the client starts before sending and stops when it has parsed the first
-SSE chunk. The client's figure therefore includes the Serve proxy hop, SSE framing and both event
-loops' scheduling, and is never below the server's (beyond clock-read jitter, allowed 10 ms). On
-this 2-core box under the full noisy-neighbour load (200+ streams open in the client) the
-per-request difference measured 9–555 ms, median 20 ms (docs/bench/HISTORY.md, Load test). This test's
-load is light, so its bounds are: percentiles within +0.75 s, every request within +1 s, the
-median within +0.1 s. They leave room for a CI box loaded by other suites while still catching a
-wrong definition (timing from the scheduled instead of the sent instant, or to the last token),
-which would be off by seconds here.
+SSE chunk. The client's figure therefore includes the edge (HAProxy, then the router's own HTTP
+entry), SSE framing and both event loops' scheduling, and is never below the server's (beyond
+clock-read jitter, allowed 10 ms). The bounds: percentiles within +0.75 s, every request within
++1 s, the median within +0.1 s. A wrong definition (timing from the scheduled instead of the sent
+instant, or to the last token) is off by more than the median's bound here.
+
+Measured on a 2-core box (this scenario, twice each): through the default edge the median was
+8-13 ms, alone or beside two busy loops; through Serve's Python proxy, which the session's shared Ray
+runs, it was 30 ms alone, 18-43 ms beside the loops, and 150 ms in a CI run beside the other test
+worker. That proxy is not the deployment users start, so the test measures the one they do.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ SCENARIO = {
 }
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.own_ray  # its own `fairlane serve`: the default edge, as a user starts it
+@pytest.mark.timeout(420)
 def test_client_and_cluster_sla_report_agree(cluster_url: str) -> None:
     result = run_scenario(
         Scenario.model_validate(SCENARIO), cluster_url, admin_key=DEMO_ADMIN_KEY, show_progress=False
