@@ -194,23 +194,31 @@ def _perplexity(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.
     return math.exp(float(nll))
 
 
-def _dithered_perplexity(
+def dithered_perplexities(
     model, ids: list[int], runs: int = DITHER_RUNS, chunk: int | None = None, kv_dtype=torch.float32
-) -> float:
-    """exp(mean NLL over `runs` forwards), each with the embedding scaled by 1 + DITHER·N(0, 1) (seeded):
-    the FP8 figure's mean over float rounding, not one draw of it (see DITHER_RUNS; `_logits` for
-    `chunk` and `kv_dtype`)."""
+) -> list[float]:
+    """The perplexity of `runs` forwards, each with the embedding scaled by 1 + DITHER·N(0, 1) (seed
+    0, 1, ...): draws of the FP8 figure over float rounding (see DITHER_RUNS; `_logits` for `chunk` and
+    `kv_dtype`). The embedding is restored after."""
     weight = model.embed_tokens.weight
     original = weight.detach().clone()
-    nlls = []
+    figures = []
     for seed in range(runs):
         noise = torch.randn(original.shape, generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():
             weight.copy_(original * (1 + DITHER * noise))
-        nlls.append(math.log(_perplexity(model, ids, chunk, kv_dtype)))
+        figures.append(_perplexity(model, ids, chunk, kv_dtype))
     with torch.no_grad():
         weight.copy_(original)
-    return math.exp(sum(nlls) / runs)
+    return figures
+
+
+def _dithered_perplexity(
+    model, ids: list[int], runs: int = DITHER_RUNS, chunk: int | None = None, kv_dtype=torch.float32
+) -> float:
+    """exp(mean NLL) over `dithered_perplexities`: the figure's mean, not one draw of it."""
+    figures = dithered_perplexities(model, ids, runs, chunk, kv_dtype)
+    return math.exp(sum(math.log(p) for p in figures) / runs)
 
 
 def test_fp8_smollm2_perplexity_rise_is_bounded(smollm2_dir, tokenizer) -> None:
