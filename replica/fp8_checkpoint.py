@@ -46,10 +46,9 @@ class Fp8Scheme:
 
 def checkpoint_scheme(config, where: Path | str = "config.json") -> Fp8Scheme | None:
     """The FP8 scheme of a transformers config's `quantization_config`; None when it has none."""
-    raw = getattr(config, "quantization_config", None)
-    if raw is None:
+    qc = quantization_config(config)
+    if qc is None:
         return None
-    qc = raw if isinstance(raw, dict) else getattr(raw, "to_dict", lambda: vars(raw))()
     method = qc.get("quant_method")
     if method == "fp8":
         return _fp8_method(qc, where)
@@ -59,6 +58,14 @@ def checkpoint_scheme(config, where: Path | str = "config.json") -> Fp8Scheme | 
         f"{where}: quantization_config quant_method {method!r} is not supported (the engine reads "
         "'fp8' and 'compressed-tensors' float8 checkpoints, or quantises bf16 weights at load)"
     )
+
+
+def quantization_config(config) -> dict | None:
+    """A transformers config's `quantization_config` as a dict (transformers may hold an object)."""
+    raw = getattr(config, "quantization_config", None)
+    if raw is None:
+        return None
+    return raw if isinstance(raw, dict) else getattr(raw, "to_dict", lambda: vars(raw))()
 
 
 def _fp8_method(qc: dict, where) -> Fp8Scheme:

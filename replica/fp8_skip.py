@@ -6,8 +6,8 @@ left out) or `re:` and a regular expression matched from the name's start (`re:.
 Our module fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`: a fused projection stays in
 the model dtype when every one of its parts matches, and a pattern that matches only some of them is
 refused (one GEMM has one dtype; vLLM refuses the same). Why it matters: on SmolLM2-135M, FP8 on
-every projection raises perplexity +5.3%, the last two layers left in float32 +2.6%
-(tests/replica/test_fp8.py).
+every projection raises perplexity +5.1-5.7%, with the last two layers left in float32 +2.6-3.1%
+(means of dithered runs on two CPU kernels' roundings; bench/fp8_quality.py).
 """
 
 from __future__ import annotations
@@ -19,20 +19,18 @@ import torch
 from torch import nn
 
 from replica.errors import CheckpointError, InvalidRequestError
+from replica.fp8_checkpoint import quantization_config
 from replica.fp8_linear import FP8Linear, fp8_modules
 from replica.lazy_memory import UninitialisedLinear
+from replica.weights import FUSED_PARTS
 
-_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 # Where the two FP8 schemes keep their list (fp8: either key, by the writer's version).
 _IGNORE_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert")
 
 
 def checkpoint_ignore(config) -> tuple[str, ...]:
     """The patterns of a transformers config's `quantization_config` that leave modules unquantised."""
-    raw = getattr(config, "quantization_config", None)
-    if raw is None:
-        return ()
-    qc = raw if isinstance(raw, dict) else getattr(raw, "to_dict", lambda: vars(raw))()
+    qc = quantization_config(config) or {}
     found: list[str] = []
     for key in _IGNORE_KEYS:
         value = qc.get(key) or ()
@@ -43,7 +41,7 @@ def checkpoint_ignore(config) -> tuple[str, ...]:
 def hf_names(module_name: str) -> tuple[str, ...]:
     """The Hugging Face module names one of our projections holds (three for qkv, two for gate/up)."""
     parent, _, leaf = module_name.rpartition(".")
-    parts = _PARTS.get(leaf, (leaf,))
+    parts = FUSED_PARTS.get(leaf, (leaf,))
     return tuple(f"model.{parent}.{part}" for part in parts)
 
 

@@ -30,7 +30,12 @@ _FUSED_NAME = re.compile(
         "|".join(UNUSED_SCALES)
     )
 )  # FP8 checkpoints add scales beside the weights (replica/fp8_checkpoint.py)
-_SHARDS = {"qkv_proj": 3, "gate_up_proj": 2}
+# our fused name -> its HF projections, in shard order
+FUSED_PARTS = {
+    fused: tuple(hf for hf, (f, _) in sorted(_FUSED.items(), key=lambda kv: kv[1][1]) if f == fused)
+    for fused in {f for f, _ in _FUSED.values()}
+}
+_SHARDS = {fused: len(parts) for fused, parts in FUSED_PARTS.items()}
 
 
 def load_checkpoint(model: LlamaForCausalLM, model_dir: Path) -> None:

@@ -4,6 +4,8 @@ the quality gate on real SmolLM2-135M weights (replica/fp8_quant.py, replica/fp8
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -194,22 +196,31 @@ def _perplexity(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.
     return math.exp(float(nll))
 
 
+@contextmanager
+def dithered_embedding(model, seed: int) -> Iterator[None]:
+    """The embedding scaled by 1 + DITHER·N(0, 1) (this seed's draw) while the block runs: one draw of an
+    FP8 figure over float rounding (see DITHER_RUNS); restored after."""
+    weight = model.embed_tokens.weight
+    original = weight.detach().clone()
+    noise = torch.randn(original.shape, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        weight.copy_(original * (1 + DITHER * noise))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            weight.copy_(original)
+
+
 def dithered_perplexities(
     model, ids: list[int], runs: int = DITHER_RUNS, chunk: int | None = None, kv_dtype=torch.float32
 ) -> list[float]:
-    """The perplexity of `runs` forwards, each with the embedding scaled by 1 + DITHER·N(0, 1) (seed
-    0, 1, ...): draws of the FP8 figure over float rounding (see DITHER_RUNS; `_logits` for `chunk` and
-    `kv_dtype`). The embedding is restored after."""
-    weight = model.embed_tokens.weight
-    original = weight.detach().clone()
+    """The perplexity under `runs` dithered embeddings (seeds 0, 1, ...; `_logits` for `chunk` and
+    `kv_dtype`)."""
     figures = []
     for seed in range(runs):
-        noise = torch.randn(original.shape, generator=torch.Generator().manual_seed(seed))
-        with torch.no_grad():
-            weight.copy_(original * (1 + DITHER * noise))
-        figures.append(_perplexity(model, ids, chunk, kv_dtype))
-    with torch.no_grad():
-        weight.copy_(original)
+        with dithered_embedding(model, seed):
+            figures.append(_perplexity(model, ids, chunk, kv_dtype))
     return figures
 
 

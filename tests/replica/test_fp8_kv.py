@@ -196,23 +196,20 @@ MAX_KV_LOGIT_REL = 0.038  # the mean over the dithered runs
 
 
 def test_smollm2_with_an_fp8_kv_cache_keeps_its_logits_and_perplexity(smollm2_dir, tokenizer) -> None:
-    from tests.replica.test_fp8 import DITHER, DITHER_RUNS, QUALITY_TEXT, _logits
+    from tests.replica.test_fp8 import DITHER_RUNS, QUALITY_TEXT, _logits, dithered_embedding
 
     ids = tokenizer.encode(QUALITY_TEXT, add_special_tokens=False)
     config, _ = read_config(smollm2_dir)
     model = build_model(config, torch.device("cpu"), F32, None)
     load_checkpoint(model, smollm2_dir)
     model.eval()
-    original = model.embed_tokens.weight.detach().clone()
     target = torch.tensor(ids[1:])
     nll = {"f32": [], "fp8": []}
     diffs, rels = [], []
     for seed in range(DITHER_RUNS):
-        noise = torch.randn(original.shape, generator=torch.Generator().manual_seed(seed))
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(original * (1 + DITHER * noise))
-        base = _logits(model, ids, KV_CHUNK, F32)
-        fp8 = _logits(model, ids, KV_CHUNK, FP8_DTYPE)
+        with dithered_embedding(model, seed):
+            base = _logits(model, ids, KV_CHUNK, F32)
+            fp8 = _logits(model, ids, KV_CHUNK, FP8_DTYPE)
         for name, logits in (("f32", base), ("fp8", fp8)):
             nll[name].append(float(torch.nn.functional.cross_entropy(logits[:-1], target)))
         diffs.append(float((fp8 - base).abs().max()))
