@@ -1,11 +1,12 @@
 """Real OpenAI clients against the embedded default, as a new user would point them at fairlane.
 
 * ``guidellm`` 0.8.1 runs a synthetic benchmark of 20 requests (chat, streamed, ``ignore_eos``,
-  ``continuous_usage_stats``, text content parts: everything it sends), every one successful; each
-  request it counts is one the cluster recorded, with the same tokens, and the SLA report's counts
-  for the tenant are exactly its recorded requests (any other would be one guidellm cut, never one
-  refused or failed). A count, not a 20-second window: on a loaded 2-core box a request took over
-  2 s, and a window held fewer requests than a bound on them could ask for.
+  ``continuous_usage_stats``, text content parts: everything it sends), every one successful by
+  guidellm's scheduler and served in full by the cluster; each request its statistics count (those
+  inside its measurement window) is one the cluster recorded, with the same tokens, and the SLA
+  report's counts for the tenant are exactly its recorded requests (any other would be one guidellm
+  cut, never one refused or failed). A count, not a 20-second window: on a loaded 2-core box a
+  request took over 2 s, and a window held fewer requests than a bound on them could ask for.
 * ``langchain-openai``'s ``ChatOpenAI``: plain chat and streaming give the ``openai`` client's answer;
   ``with_structured_output`` of a pydantic model (by JSON schema and by function calling) gives that
   model; ``bind_tools`` with one tool calls it (streamed chunks join to the same call), and the
@@ -70,9 +71,15 @@ def test_guidellm_benchmark_has_no_errors_and_agrees_with_the_sla_report(base_ur
     report = {k: after[k] - before[k] for k in after}
     new = {rid: r for rid, r in records.items() if rid not in old}
     bench = json.loads(out.read_text())["benchmarks"][0]
+    # Every request guidellm made ran and succeeded: its scheduler's own count, over the whole run.
+    made = bench["scheduler_metrics"]["requests_made"]
+    assert made == {"successful": REQUESTS, "incomplete": 0, "errored": 0, "total": REQUESTS}, made
+    # Its statistics cover the requests inside its measurement window, which ends when the last
+    # request it finalised ended; on a loaded box a request can start after that one's end and
+    # fall outside (CI saw 19 of 20). None it measured errored or was cut.
     totals = bench["metrics"]["request_totals"]
-    assert totals["errored"] == 0, totals
-    assert totals["successful"] == REQUESTS and totals["incomplete"] == 0, totals  # all ran, all succeeded
+    assert totals["errored"] == 0 and totals["incomplete"] == 0, totals
+    assert 0 < totals["successful"] <= REQUESTS, (totals, bench["scheduler_metrics"])
     # Every request guidellm counts as successful is one the cluster served and recorded, with the
     # same prompt and output tokens (guidellm reads them from the usage fairlane sent).
     done = bench["requests"]["successful"]
@@ -85,7 +92,8 @@ def test_guidellm_benchmark_has_no_errors_and_agrees_with_the_sla_report(base_ur
     # The SLA report counts exactly the tenant's recorded requests, guidellm's among them; any other
     # would be one guidellm cut (a client gone): none was refused or failed on the cluster's side.
     ok = [r for r in new.values() if r["outcome"] == "ok"]
-    assert report["requests"] == len(new) and report["ok"] == len(ok) >= len(done), (report, totals)
+    assert len(ok) >= REQUESTS, (len(ok), made)  # each request guidellm made was served in full
+    assert report["requests"] == len(new) and report["ok"] == len(ok), (report, totals)
     assert report["output_tokens"] == sum(r["output_tokens"] for r in ok) == OUTPUT_TOKENS * len(ok)
     assert report["rejected"] == 0 and report["failed"] == len(new) - len(ok), report
     assert {(r["outcome"], r["reason"]) for r in new.values() if r["outcome"] != "ok"} <= {
