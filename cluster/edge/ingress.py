@@ -20,6 +20,7 @@ from cluster.edge import api_docs, ledger_views, stream_responses
 from cluster.edge.adapter_admin import AdapterAdmin, AdapterRegistration, card, listing
 from cluster.edge.answers import answer
 from cluster.edge.body_limit import BodyLimit
+from cluster.edge.early_abort import record_client_gone
 from cluster.edge.model_jobs import job_builders
 from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.prompt_batch import open_all
@@ -306,7 +307,7 @@ class Ingress:
         self, request: Request, body: CompletionRequest | ChatCompletionRequest, kind: str
     ) -> Response:
         request_id = new_request_id()
-        tenant, key_id = None, ""
+        tenant, key_id, model = None, "", body.model
         await asyncio.sleep(0)  # a yield point: the body's parsing and validation were one step
         try:
             tenant = self._tenant(request)  # a bad key is a 401 whatever the ledger's state
@@ -320,7 +321,7 @@ class Ingress:
                 self.core.metrics.observe_rejection(tenant.id, tenant.sla_class, "draining")
                 raise Draining(int(self.cfg.drain_timeout_s) or 1)
             pool, adapter = self.core.resolve(tenant, body.model)  # 404 before any quota is taken
-            jobs = self.jobs[pool.name]
+            jobs, model = self.jobs[pool.name], pool.name
             batch = await jobs.build_all(request_id, pool.tenant(tenant), body, adapter)  # a job per prompt
             # A yield point: parsing, auth, templating and tokenizing were one step of the loop;
             # admission and dispatch are the next, so no request holds the loop for both.
@@ -330,6 +331,13 @@ class Ingress:
         except Exception as exc:  # refused before admission: after auth, a ledger row too
             ledger_views.record_refusal(self.ledger, request_id, tenant, key_id, body.model, exc)
             return error_response(exc)
+        except asyncio.CancelledError:  # the client left (Serve cancels the handler): its one ending
+            if tenant is not None:
+                received = request.scope.get(RECEIVED_KEY)
+                record_client_gone(
+                    self.core.recorder, self.core.metrics, request_id, tenant, model, key_id, received
+                )
+            raise
         try:
             received = request.scope.get(RECEIVED_KEY)
             active = await open_all(pool.runner, batch, key_id, received)  # its ending records every refusal

@@ -19,6 +19,7 @@ import httpx
 from cluster.ops.chaos_client import ENDINGS, ClientRecord, counter_delta, fill_record, server_counters, tally
 
 Fault = Callable[[], Awaitable[object]]
+COUNTS_WAIT_S = 60.0  # the longest wait for the routers to count every ending of a drill
 COUNT_PROMPT = "Count from one to two hundred in words, separated by commas."
 
 
@@ -111,11 +112,13 @@ async def _counted(client: httpx.AsyncClient, target: Target, run: Callable[[], 
     before = await server_counters(client, target.routers, target.admin_key)
     records = list(await run())
     await settled(client, target)
-    # A router records an abort when Serve cancels its handler, a moment after the client left.
-    deadline = time.monotonic() + 10.0
+    # A router records an abort when Serve cancels its handler, a moment after the client left (on
+    # a loaded box, many moments: the wait ends as soon as the counts are in).
+    deadline = time.monotonic() + COUNTS_WAIT_S
     while True:
         delta = counter_delta(before, await server_counters(client, target.routers, target.admin_key))
         if delta["sent"] >= len(records) or time.monotonic() > deadline:
+            delta["counted_after_s"] = round(COUNTS_WAIT_S - (deadline - time.monotonic()), 1)
             return records, delta
         await asyncio.sleep(0.5)
 
