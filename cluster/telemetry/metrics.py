@@ -123,7 +123,7 @@ class ClusterMetrics:
         self.draining = Gauge("fairlane_draining", "1 while this router drains for shutdown.", registry=r)
         self.http_errors = Counter(
             "fairlane_http_errors",
-            "Error answers (status >= 400) by route and status, whatever refused the request.",
+            "Error answers (status >= 400; 499: the client left first) by route and status.",
             ("route", "status"),
             registry=r,
         )

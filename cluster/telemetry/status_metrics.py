@@ -2,16 +2,21 @@
 
 Refusals the request flow records itself (quotas, the fair queue, draining) are also in
 ``fairlane_requests_total``; this counter sees the rest too: a bad key (401), an unknown model or
-route (404), an invalid body (400, 422 for malformed JSON), a body too large (413). Routes are named
-from a fixed list, so a scanner's random paths add no label values.
+route (404), an invalid body (400, 422 for malformed JSON), a body too large (413). A client that
+leaves before any answer started (Serve cancels the router's call) counts as 499, nginx's "client
+closed request", wherever in the router it was: before auth it is no tenant's request, and only this
+counter sees it. Routes are named from a fixed list, so a scanner's random paths add no label values.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter
+
+CLIENT_GONE = "499"  # nginx's "client closed request": the client left before any answer started
 
 ROUTES = (
     "/v1/chat/completions",
@@ -42,9 +47,19 @@ class StatusMetrics:
             await self.app(scope, receive, send)
             return
 
+        started = False
+
         async def counting_send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                counter.labels(route_of(scope.get("path", "")), str(message["status"])).inc()
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] >= 400:
+                    counter.labels(route_of(scope.get("path", "")), str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except asyncio.CancelledError:  # Serve cancels the call when the client disconnects
+            if not started:
+                counter.labels(route_of(scope.get("path", "")), CLIENT_GONE).inc()
+            raise
