@@ -17,6 +17,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 ENDINGS = ("completed", "rejected", "errored", "aborted")
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
 # The router's outcome labels, mapped to the client's endings.
 SERVER_ENDING = {
     "ok": "completed",
@@ -127,7 +128,9 @@ def _auth(key: str) -> dict[str, str]:
 
 
 def parse_counters(text: str) -> tuple[str | None, dict[str, int], int]:
-    """(router id, endings summed over tenants, retries) from one ``/metrics`` page."""
+    """(router id, endings summed over tenants, retries) from one ``/metrics`` page. The endings
+    also hold ``left_unanswered``: clients that left a generation route before any answer started
+    (status 499), a figure beside the endings (with or without a tenant's ending of their own)."""
     router, endings, retries = None, Counter(), 0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -137,7 +140,13 @@ def parse_counters(text: str) -> tuple[str | None, dict[str, int], int]:
                 endings[SERVER_ENDING.get(sample.labels["outcome"], "errored")] += int(sample.value)
             elif sample.name == "fairlane_retries_total":
                 retries += int(sample.value)
+            elif sample.name == "fairlane_http_errors_total" and _left_generating(sample.labels):
+                endings["left_unanswered"] += int(sample.value)
     return router, dict(endings), retries
+
+
+def _left_generating(labels: dict[str, str]) -> bool:
+    return labels["status"] == "499" and labels["route"] in GENERATION_ROUTES
 
 
 async def server_counters(
@@ -156,13 +165,13 @@ async def server_counters(
             break
     if len(seen) < routers:
         raise RuntimeError(f"saw {len(seen)} of {routers} routers on /metrics")
-    total = {e: sum(v[0].get(e, 0) for v in seen.values()) for e in ENDINGS}
+    total = {e: sum(v[0].get(e, 0) for v in seen.values()) for e in (*ENDINGS, "left_unanswered")}
     total["retried"] = sum(v[1] for v in seen.values())
     return total
 
 
 def counter_delta(before: dict, after: dict) -> dict[str, int]:
     """What the server counted between two readings, with ``sent`` as the sum of endings."""
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in (*ENDINGS, "retried")}
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in (*ENDINGS, "retried", "left_unanswered")}
     delta["sent"] = sum(delta[e] for e in ENDINGS)
     return delta
