@@ -6,8 +6,9 @@ left out) or `re:` and a regular expression matched from the name's start (`re:.
 Our module fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`: a fused projection stays in
 the model dtype when every one of its parts matches, and a pattern that matches only some of them is
 refused (one GEMM has one dtype; vLLM refuses the same). Why it matters: on SmolLM2-135M, FP8 on
-every projection raises perplexity +5.1-5.7%, with the last two layers left in float32 +2.6-3.1%
-(means of dithered runs on two CPU kernels' roundings; bench/fp8_quality.py).
+every projection raises perplexity +5.1-6.1%, with the last two layers left in float32 +2.6-3.3%
+(means of dithered runs on three CPU kernels' roundings; with the rest of the model in float64, the
+same on every kernel, +4.65% and +1.72%; bench/fp8_quality.py).
 """
 
 from __future__ import annotations

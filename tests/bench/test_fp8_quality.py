@@ -11,7 +11,7 @@ from tests.bench.smoke_run import run_smoke
 
 def test_the_smoke_run_reports_each_setting_and_keeping_layers_lowers_the_rise(tmp_path: Path) -> None:
     report, printed = run_smoke("bench.fp8_quality", tmp_path / "quality.json")
-    assert report["runs"] == 1 and report["cpu_capability"] and 30 < report["float32_perplexity"] < 60
+    assert report["runs"] == 1 and report["cpu_capability"] and 30 < report["unquantised_perplexity"] < 60
     every, kept = report["settings"]["every_projection"], report["settings"]["last_two_layers_kept"]
     assert every["fp8_skip_modules"] == [] and kept["fp8_skip_modules"]
     for figures in (every, kept):

@@ -157,9 +157,15 @@ MAX_PERPLEXITY_RISE_LAST_TWO_KEPT = 0.04
 # code measured +6.45% with AVX-512 kernels and +5.2% with AVX2 (ATEN_CPU_CAPABILITY), and six
 # embeddings scaled by 1 + 1e-6·N(0, 1) gave +3.8% to +6.7% on one machine, while the float32 model's
 # figure did not move in its fourth digit. The FP8 figures are therefore the mean NLL of DITHER_RUNS
-# such runs (the unquantised model's is the same in each).
+# such runs (the unquantised model's is the same in each). In a float32 model the mean still depends on
+# the machine: every run shares its kernels' rounding, far above the dither (six- and twelve-run means
+# +5.1% Intel AVX-512, +5.7% Intel AVX2, +6.1% AMD EPYC AVX-512). The quality gate therefore runs the
+# rest of the model in float64 around the FP8 products (which stay float32, replica/fp8_quant.py): the
+# dither then decides every flip, and the figure is the same on every kernel (+4.65% on AMD EPYC with
+# AVX-512 and with AVX2).
 DITHER_RUNS = 4
 DITHER = 1e-6
+QUALITY_DTYPE = torch.float64
 
 
 def _logits(model, ids: list[int], chunk: int | None = None, kv_dtype=torch.float32) -> torch.Tensor:
@@ -233,21 +239,26 @@ def _dithered_perplexity(
 
 
 def test_fp8_smollm2_perplexity_rise_is_bounded(smollm2_dir, tokenizer) -> None:
-    """Real SmolLM2-135M weights, float32 on the CPU, against the same checkpoint read with FP8
-    projections (weights quantised per channel at load by the engine's own code, activations per
-    token, both dequantised in float32: the maths the CUDA path computes). The text is the eight
-    paragraphs of tests/replica/corpus.py (river town, compiler, mountain pass, photosynthesis,
-    committee, sextant, soup stock, orchestra) joined by blank lines, 324 tokens.
+    """Real SmolLM2-135M weights on the CPU, against the same checkpoint read with FP8 projections
+    (weights quantised per channel at load by the engine's own code, activations per token, both
+    dequantised in float32: the maths the CUDA path computes), the rest of the model in float64 (see
+    DITHER_RUNS). The text is the eight paragraphs of tests/replica/corpus.py (river town, compiler,
+    mountain pass, photosynthesis, committee, sextant, soup stock, orchestra) joined by blank lines,
+    324 tokens.
 
-    Measured (2026-12-07, means of six dithered runs, see DITHER_RUNS): perplexity 40.12 unquantised
-    (transformers' own figure too); FP8 +5.1% with AVX-512 kernels, +5.7% with AVX2. Single runs
+    Measured in float64 (2026-12-07, AMD EPYC, AVX-512 and AVX2 alike): perplexity 40.12 unquantised,
+    FP8 +4.65% (mean of the gate's four runs; six runs +4.75%), the last two layers kept +1.72% (six
+    runs +2.01%). In a float32 model (means of six or twelve dithered runs) perplexity 40.12
+    unquantised (transformers' own figure too); FP8 +5.1% with Intel's AVX-512 kernels, +5.7% with
+    AVX2, +6.1% on AMD EPYC with AVX-512. Single runs
     (2026-12-06, one machine, so each within the spread above): 42.25 FP8, +5.3%; FP8 weights alone
     41.73 (+4.0%); in bf16 40.11 against 42.26 (+5.4%); on a longer text (corpus.long_text(3), 976
     tokens, partly repeated) 3.645 against 3.799 (+4.2%); each part set in float32, the rest FP8:
     gate_up +2.3% left, down +3.8%, qkv +4.2%, o +5.4%; the last layer +3.1%, the last two +2.6%, the
     first +5.9%. With every projection in FP8 the issue's +3% is not met by e4m3 on this 135M model (the
-    gate is +6%); with the last two layers kept in float32 (`fp8_skip_modules`) the means are +2.6%
-    (AVX-512) and +3.1% (AVX2): at the issue's target, not within it on every machine."""
+    gate is +6%); with the last two layers kept in float32 (`fp8_skip_modules`) the float32 means are
+    +2.6% (Intel AVX-512), +3.1% (AVX2) and +3.3% (AMD EPYC): at the issue's target, not within it on
+    every machine."""
     from replica.model_loader import build_model, read_config
     from replica.weights import load_checkpoint
 
@@ -255,7 +266,7 @@ def test_fp8_smollm2_perplexity_rise_is_bounded(smollm2_dir, tokenizer) -> None:
     config, _ = read_config(smollm2_dir)
     ppl = {}
     for label, quantization, skip in ((None, None, ()), ("fp8", "fp8", ()), ("kept", "fp8", LAST_TWO_LAYERS)):
-        model = build_model(config, torch.device("cpu"), torch.float32, quantization, skip)
+        model = build_model(config, torch.device("cpu"), QUALITY_DTYPE, quantization, skip)
         load_checkpoint(model, smollm2_dir)
         runs = 1 if quantization is None else DITHER_RUNS
         ppl[label] = _dithered_perplexity(model.eval(), ids, runs)
