@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -58,8 +59,18 @@ def _guidellm(base_url: str, out: Path) -> None:
         "--disable-console-interactive",
     ]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=REQUESTS + 240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # Its own process group: guidellm's worker processes outlive a killed parent and poll forever
+    # (two timed-out runs left four of them spinning for hours), so a timeout kills the group.
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=REQUESTS + 240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"guidellm ran past {REQUESTS + 240} s: {stdout[-3000:]}{stderr[-3000:]}")
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
 
 
 @pytest.mark.slow
