@@ -308,6 +308,7 @@ class Ingress:
     ) -> Response:
         request_id = new_request_id()
         tenant, key_id, model = None, "", body.model
+        received = request.scope.get(RECEIVED_KEY)  # when the HTTP request entered the router
         await asyncio.sleep(0)  # a yield point: the body's parsing and validation were one step
         try:
             tenant = self._tenant(request)  # a bad key is a 401 whatever the ledger's state
@@ -333,13 +334,11 @@ class Ingress:
             return error_response(exc)
         except asyncio.CancelledError:  # the client left (Serve cancels the handler): its one ending
             if tenant is not None:
-                received = request.scope.get(RECEIVED_KEY)
                 record_client_gone(
                     self.core.recorder, self.core.metrics, request_id, tenant, model, key_id, received
                 )
             raise
         try:
-            received = request.scope.get(RECEIVED_KEY)
             active = await open_all(pool.runner, batch, key_id, received)  # its ending records every refusal
         except Exception as exc:
             return error_response(exc)
