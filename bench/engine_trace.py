@@ -30,7 +30,7 @@ import math
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +196,7 @@ async def run(args) -> dict:
     warm = make_trace(args, vocab, math.inf)[:8]
     await run_trace(engine, warm, "mixed")
     results: dict[str, dict] = {}
+    records: dict[str, list[dict]] = {}
     try:
         variants = {
             "default": (("", engine.core.late),),
@@ -209,6 +210,9 @@ async def run(args) -> dict:
                 key = f"{mix}@{rate_name}" + (f":{suffix}" if suffix else "")
                 engine.core.late = launch  # between runs: the loop is idle, and reads it per step
                 results[key] = await run_trace(engine, trace, mix)
+                records[key] = [asdict(r) for r in engine.core.profiler.records]  # this run's steps
+                if args.step_records:  # every step of every run, for a profile of where gaps fall
+                    args.step_records.write_text(json.dumps(records))
                 print(f"[trace] {key}: {results[key]['output_tokens_per_s']:.0f} tok/s", flush=True)
                 if args.json:  # after every run: a run cut off by its time limit still reports
                     args.json.write_text(json.dumps(report(args, results, model), indent=2, default=str))
@@ -307,6 +311,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mixes", default="greedy,mixed", help="sampling mixes to run, of greedy,mixed,logprobs20 (MIXES)"
     )
+    p.add_argument("--step-records", type=Path, default=None, help="every run's per-step records (JSON)")
     p.add_argument(
         "--late-launch",
         choices=("default", "off", "both"),

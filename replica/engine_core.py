@@ -141,6 +141,7 @@ class EngineCore:
                 handle.idle_ms, handle.schedule_ms, handle.hold_ms = waited_ms, schedule_ms, hold_ms
                 handle.began_at = t0
             if early is not None:  # read back already: its tokens filled this step's token masks
+                handle.read_early = True
                 self._finish(inflight, early)
                 inflight = None
             if handle is not None and self.mode == "sync":
@@ -365,6 +366,8 @@ class EngineCore:
             kind=handle.kind,
             graphed=handle.graphed,
             hold_ms=handle.hold_ms,
+            masked_rows=handle.masked_rows,
+            read_early=handle.read_early,
             **handle.timings_ms(),
         )
         self.profiler.add(record)

@@ -245,6 +245,7 @@ class ModelRunner:
             plan, set_index, layout.num_samples, prepare_ms, graphed, events, prev_done, label
         )
         handle.prompt_scores = scores
+        handle.masked_rows = layout.num_masks if split else 0
         # An eager step's kernels are enqueued one by one from Python: when this exceeds its device
         # time, the step is bound by the host (what CUDA graphs remove for decode steps).
         handle.launch_ms = (time.perf_counter() - t0) * 1000.0 - prepare_ms

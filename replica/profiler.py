@@ -36,6 +36,8 @@ class StepRecord:
     hold_ms: float = 0.0  # loop waited on purpose for arrivals to join this step (replica/late_launch.py)
     kind: str = "greedy"  # greedy | sample | logprobs (replica/model_runner.py)
     graphed: bool = False  # replayed a CUDA graph
+    masked_rows: int = 0  # grammar-constrained rows: the step ran split (forward, masks, draw)
+    read_early: bool = False  # its masks waited for the previous step's tokens inside its launch
 
 
 KINDS = ("greedy", "sample", "logprobs")  # logprobs: a sample step where some row asked

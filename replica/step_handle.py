@@ -28,6 +28,8 @@ class StepHandle:
     hold_ms: float = 0.0  # host time the loop held this step's plan back for arrivals
     began_at: float = 0.0  # host clock (perf_counter) when the loop began planning this step
     device_start: float | None = None  # host clock when the device began it, as best known
+    masked_rows: int = 0  # grammar-constrained rows (a split step)
+    read_early: bool = False  # the previous step was read back inside this one's launch
 
     def timings_ms(self) -> dict[str, float]:
         ev = self.events

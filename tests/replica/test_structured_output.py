@@ -61,6 +61,12 @@ async def test_a_schema_constrained_answer_parses_and_validates(engine):
     assert last.finish_reason == "stop", text
     jsonschema.validate(json.loads(text), PERSON)
     assert tokens[-1] in engine.eos_token_ids  # the grammar's end is an EOS, allowed only then
+    # The profiler names the split steps: one masked row here, and in async mode the masks of a
+    # decode step waited inside its launch for the token the step before drew.
+    split = [r for r in engine.core.profiler.records if r.masked_rows]
+    assert split and {r.masked_rows for r in split} == {1}
+    assert any(r.read_early for r in split)
+    assert not any(r.read_early for r in engine.core.profiler.records if not r.masked_rows)
 
 
 async def test_fifty_sampled_answers_all_parse_and_validate(engine):
