@@ -193,6 +193,8 @@ async def run(args) -> dict:
         from bench.bpe_vocab import attach  # random weights ship no tokenizer; the mix's schemas need one
 
         attach(engine)
+        if args.prepare_grammars:  # as a CUDA engine with its own tokenizer does in start
+            await engine.prepare_grammars()
     warm = make_trace(args, vocab, math.inf)[:8]
     await run_trace(engine, warm, "mixed")
     results: dict[str, dict] = {}
@@ -310,6 +312,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", default="10,20,40,inf", help="requests per second; inf = all at once")
     p.add_argument(
         "--mixes", default="greedy,mixed", help="sampling mixes to run, of greedy,mixed,logprobs20 (MIXES)"
+    )
+    p.add_argument(
+        "--prepare-grammars",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="build the schemas' tokenizer view before the runs (off: the first schema builds it)",
     )
     p.add_argument("--step-records", type=Path, default=None, help="every run's per-step records (JSON)")
     p.add_argument(

@@ -79,6 +79,10 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
             return future
 
+    def prepare(self) -> Future:
+        """The tokenizer's view built on the compile thread (a future), ahead of any grammar."""
+        return self._pool.submit(self._ensure_tokenizer)
+
     def _compile(self, spec: GrammarSpec):
         self.compiles += 1
         tokenizer = self._ensure_tokenizer()

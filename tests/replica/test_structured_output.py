@@ -166,3 +166,29 @@ async def test_a_schema_the_grammar_cannot_compile_is_an_invalid_request(engine,
 def test_min_tokens_with_a_grammar_is_refused():
     with pytest.raises(InvalidRequestError, match="min_tokens"):
         SamplingParams(max_tokens=8, min_tokens=2, grammar=json_object())
+
+
+async def test_the_tokenizer_view_is_built_once_ahead_of_any_grammar(engine, monkeypatch):
+    """`prepare` builds the grammar library's view of the tokenizer (a second of held interpreter
+    lock at 128k ids) before any request; the first grammar then only compiles."""
+    import llguidance.hf
+
+    from replica.grammar_compiler import GrammarCompiler
+
+    built = []
+    real = llguidance.hf.from_tokenizer
+    monkeypatch.setattr(llguidance.hf, "from_tokenizer", lambda *a, **k: built.append(1) or real(*a, **k))
+    compiler = GrammarCompiler(engine.tokenizer, engine.loaded.config.vocab_size, engine.eos_token_ids)
+    try:
+        compiler.prepare().result(timeout=120)
+        assert built == [1] and compiler.compiles == 0
+        compiler.compile(json_schema(SMALL)).result(timeout=120)
+        assert built == [1] and compiler.compiles == 1
+    finally:
+        compiler.close()
+
+
+async def test_prepare_grammars_says_whether_the_engine_can_constrain_output(engine, monkeypatch):
+    assert await engine.prepare_grammars()
+    monkeypatch.setattr(engine.loaded, "tokenizer", None)
+    assert not await engine.prepare_grammars()
