@@ -116,8 +116,9 @@ def measured_rps(records: list) -> float:
     return len(done) / PROBE_S[1]
 
 
-def scenario(p: Profile, one_replica_rps: float, burst: float = 2.0) -> Scenario:
-    """alice at 0.4 of one replica's measured rate all along; dave adds ``burst`` of it in the middle."""
+def scenario(p: Profile, one_replica_rps: float, burst_rate: float = 2.0) -> Scenario:
+    """alice at 0.4 of one replica's measured rate all along; dave adds ``burst_rate`` of it in the
+    middle phase."""
     before, burst, after = p.phases_s
     tenant = {
         "sla_class": "interactive",
@@ -131,7 +132,7 @@ def scenario(p: Profile, one_replica_rps: float, burst: float = 2.0) -> Scenario
             "max_in_flight": 2048, "request_timeout_s": 120.0,
             "tenants": [
                 tenant | {"id": "alice", "api_key": "sk-fairlane-alice", "rate": 0.4 * one_replica_rps},
-                tenant | {"id": "dave", "api_key": "sk-fairlane-dave", "rate": burst * one_replica_rps,
+                tenant | {"id": "dave", "api_key": "sk-fairlane-dave", "rate": burst_rate * one_replica_rps,
                           "start_s": before, "end_s": before + burst},
             ],
         }

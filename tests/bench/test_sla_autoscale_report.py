@@ -93,3 +93,16 @@ def test_attainment_per_phase_counts_only_its_own_span() -> None:
         "b": {"requests": 5, "attainment": 0.0},
         "c": {"requests": 0, "attainment": None},
     }
+
+
+def test_the_burst_rate_sets_daves_rate_and_the_phases_set_its_span() -> None:
+    from bench.sla_autoscale_run import GPU, scenario
+
+    sc = scenario(GPU, one_replica_rps=10.0, burst_rate=0.8)
+    rates = {t.id: t.rate for t in sc.tenants}
+    assert rates == {"alice": pytest.approx(4.0), "dave": pytest.approx(8.0)}
+    before, burst, after = GPU.phases_s
+    dave = next(t for t in sc.tenants if t.id == "dave")
+    assert (dave.start_s, dave.end_s) == (before, before + burst)
+    assert sc.duration_s == before + burst + after
+    assert {t.id: t.rate for t in scenario(GPU, 10.0).tenants}["dave"] == pytest.approx(20.0)  # default 2.0
