@@ -212,8 +212,8 @@ async def run(args) -> dict:
                 key = f"{mix}@{rate_name}" + (f":{suffix}" if suffix else "")
                 engine.core.late = launch  # between runs: the loop is idle, and reads it per step
                 results[key] = await run_trace(engine, trace, mix)
-                records[key] = [asdict(r) for r in engine.core.profiler.records]  # this run's steps
                 if args.step_records:  # every step of every run, for a profile of where gaps fall
+                    records[key] = [asdict(r) for r in engine.core.profiler.records]
                     args.step_records.write_text(json.dumps(records))
                 print(f"[trace] {key}: {results[key]['output_tokens_per_s']:.0f} tok/s", flush=True)
                 if args.json:  # after every run: a run cut off by its time limit still reports

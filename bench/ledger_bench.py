@@ -41,7 +41,7 @@ from cluster.ledger.rollup_job import HOUR, roll_pending
 from cluster.ledger.rows import Pricing, row_from_timing
 from cluster.ledger.sla_query import ledger_report, ledger_sla
 from cluster.ledger.spill import SpillLog
-from cluster.ledger.store import PG_COLUMNS, LedgerStore
+from cluster.ledger.store import COLUMNS, LedgerStore
 from cluster.ledger.time_range import TimeRange
 from cluster.ledger.usage_query import usage_results, usage_rows
 from cluster.ledger.writer import LedgerWriter, WriterSettings
@@ -234,7 +234,7 @@ def month_sql(lo: int, hi: int, n: int, start: float, span: float = 30 * 86400, 
     """Rows ``lo``..``hi`` of ``n`` spread over ``span`` seconds from ``start``, made by the server: 20
     tenants (one key each, classes in turn), two models, 92 % ok, TTFT and TPOT log-normal
     (Box-Muller), E2E = TTFT + TPOT × (tokens − 1), queue wait exponential."""
-    cols = ", ".join(PG_COLUMNS)
+    cols = ", ".join(COLUMNS)
     return f"""
     INSERT INTO ledger_requests ({cols})
     SELECT lpad(to_hex(i), 32, '0'), '{app}', 'router-0', 'tenant-' || lpad(t::text, 2, '0'),

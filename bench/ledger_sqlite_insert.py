@@ -16,16 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster.ledger.rows import LedgerRow
+from bench.ledger_soak import make_row
 from cluster.ledger.store import LedgerStore
-
-
-def make_row(seq: int) -> LedgerRow:
-    now = time.time()
-    return LedgerRow(
-        f"req-{seq:09d}", "bench", "router-1", f"t{seq % 7}", f"key_{seq % 7}", "m", "standard",
-        now - 0.5, now, 0.01, 0.1, 0.02, 0.03, 0.5, 100, 10, 20, "ok", None, 0.1, 1e-5,
-    )  # fmt: skip
 
 
 async def one_run(batches: int, rows: int) -> dict:
@@ -34,11 +26,11 @@ async def one_run(batches: int, rows: int) -> dict:
     await store.migrate()
     seq = 0
     for _ in range(2):  # warm-up: connections, statement caches
-        await store.insert([make_row(seq + i) for i in range(rows)])
+        await store.insert([make_row(seq + i, "router-1") for i in range(rows)])
         seq += rows
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(batches):
-        await store.insert([make_row(seq + i) for i in range(rows)])
+        await store.insert([make_row(seq + i, "router-1") for i in range(rows)])
         seq += rows
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     stored = await store.count()
