@@ -31,8 +31,8 @@ from cluster.ledger.rows import LedgerRow
 from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
-from tests.ledger.postgres_server import configured_dsn
-from tests.ledger.tcp_proxy import TcpProxy
+from tests.cluster.ledger.postgres_server import configured_dsn
+from tests.cluster.ledger.tcp_proxy import TcpProxy
 
 APP = "soak"
 ROW_BYTES = 250  # about what a row costs on the wire (COPY, binary): the throttle's unit

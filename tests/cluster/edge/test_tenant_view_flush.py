@@ -24,8 +24,8 @@ from cluster.ledger.rows import Pricing
 from cluster.ledger.writer import WriterSettings
 from cluster.telemetry.request_timing import TimingRecorder
 from tenancy import default_tenancy_config
+from tests.cluster.ledger.rows_factory import timings
 from tests.cluster.routing.test_stream_channel import until
-from tests.ledger.rows_factory import timings
 
 CONFIG = default_tenancy_config()
 ONLY_FLUSHES_WRITE = WriterSettings(interval_s=60.0, batch_rows=100_000)

@@ -20,7 +20,7 @@ from cluster.ledger.router_ledger import RouterLedger, rollup_retention
 from cluster.ledger.rows import Pricing
 from cluster.ledger.schema import rollup, rollup_dirty
 from cluster.ledger.store import LedgerStore
-from tests.ledger.rows_factory import rows
+from tests.cluster.ledger.rows_factory import rows
 
 
 async def test_a_router_rolls_closed_hours_up(

@@ -13,9 +13,9 @@ from pathlib import Path
 from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
-from tests.ledger.rows_factory import rows
-from tests.ledger.tcp_proxy import TcpProxy
-from tests.ledger.test_writer_interleavings import stored_ids
+from tests.cluster.ledger.rows_factory import rows
+from tests.cluster.ledger.tcp_proxy import TcpProxy
+from tests.cluster.ledger.test_writer_interleavings import stored_ids
 
 RATE = 1000  # rows a second
 ROW_BYTES = 250  # a row on the wire (COPY, binary)

@@ -8,7 +8,7 @@ import time
 from sqlalchemy import text
 
 from cluster.ledger.store import LedgerStore, engine_url, migration_files
-from tests.ledger.rows_factory import rows
+from tests.cluster.ledger.rows_factory import rows
 
 
 async def test_migrations_apply_once_when_routers_start_together(dsn: str) -> None:

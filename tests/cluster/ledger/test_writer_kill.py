@@ -17,8 +17,8 @@ import orjson
 from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter
-from tests.ledger.tcp_proxy import TcpProxy
-from tests.ledger.writer_child import SETTINGS
+from tests.cluster.ledger.tcp_proxy import TcpProxy
+from tests.cluster.ledger.writer_child import SETTINGS
 
 RATE = 400  # rows a second
 
@@ -28,7 +28,15 @@ class Child:
 
     def __init__(self, dsn: str, folder: Path, start: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.ledger.writer_child", dsn, str(folder), str(RATE), str(start)],
+            [
+                sys.executable,
+                "-m",
+                "tests.cluster.ledger.writer_child",
+                dsn,
+                str(folder),
+                str(RATE),
+                str(start),
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )

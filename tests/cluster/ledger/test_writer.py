@@ -15,8 +15,8 @@ from cluster.ledger.rows import LedgerRow
 from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
-from tests.ledger.rows_factory import rows
-from tests.ledger.tcp_proxy import TcpProxy
+from tests.cluster.ledger.rows_factory import rows
+from tests.cluster.ledger.tcp_proxy import TcpProxy
 
 FAST = WriterSettings(interval_s=0.05, batch_rows=100, retry_s=0.3, behind_after_s=1.0)
 

@@ -18,7 +18,7 @@ from cluster.ledger.time_range import TimeRange, bucket_width, parse_instant, ti
 from cluster.ledger.usage_query import usage_csv, usage_page, usage_rows
 from cluster.telemetry.sla_report import build_report
 from tenancy import default_tenancy_config
-from tests.ledger.rows_factory import PRICING, timings
+from tests.cluster.ledger.rows_factory import PRICING, timings
 
 CONFIG = default_tenancy_config()
 COMPARED = ("tenant_id", "sla_class", "model", "requests", "ok", "rejected", "failed", "output_tokens")

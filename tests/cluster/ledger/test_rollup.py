@@ -22,7 +22,7 @@ from cluster.ledger.store import LedgerStore
 from cluster.ledger.time_range import TimeRange
 from cluster.ledger.usage_query import usage_results
 from tenancy import default_tenancy_config
-from tests.ledger.rows_factory import rows
+from tests.cluster.ledger.rows_factory import rows
 
 CONFIG = default_tenancy_config()
 GROUP_FIGURES = ("tenant_id", "sla_class", "model", "requests", "ok", "rejected", "failed", "output_tokens")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cluster.ledger.store import LedgerStore
 from fairlane.cli import app
-from tests.ledger.rows_factory import rows
+from tests.cluster.ledger.rows_factory import rows
 
 
 async def _fill(dsn: str, n: int) -> None:

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from tests.ledger.postgres_server import ENV, configured_dsn, reachable, start_local
+from tests.cluster.ledger.postgres_server import ENV, configured_dsn, reachable, start_local
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ from cluster.ledger.rows import LedgerRow
 from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
-from tests.ledger.rows_factory import rows
-from tests.ledger.tcp_proxy import TcpProxy
+from tests.cluster.ledger.rows_factory import rows
+from tests.cluster.ledger.tcp_proxy import TcpProxy
 
 SEEDS = range(10)
 STEPS = 14

@@ -1,7 +1,7 @@
 """A PostgreSQL for the ledger tests: the one at FAIRLANE_TEST_PG_DSN (default 127.0.0.1:5432), else
 one started here with initdb and pg_ctl in a temporary folder, else none (the tests then skip).
 
-    eval "$(python -m tests.ledger.postgres_server)"   # by hand: exports FAIRLANE_TEST_PG_DSN
+    eval "$(python -m tests.cluster.ledger.postgres_server)"   # by hand: exports FAIRLANE_TEST_PG_DSN
 
 PostgreSQL refuses to run as root: as root the server runs as the ``postgres`` user (or ``nobody``).
 """

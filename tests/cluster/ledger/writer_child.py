@@ -10,7 +10,7 @@ from pathlib import Path
 from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
-from tests.ledger.rows_factory import rows
+from tests.cluster.ledger.rows_factory import rows
 
 SETTINGS = WriterSettings(interval_s=0.05, retry_s=0.2, write_timeout_s=2.0)
 

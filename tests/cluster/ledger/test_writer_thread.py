@@ -19,7 +19,7 @@ from cluster.ledger.schema import requests
 from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
-from tests.ledger.rows_factory import rows
+from tests.cluster.ledger.rows_factory import rows
 
 SLOW = WriterSettings(interval_s=60.0, batch_rows=100_000, retry_s=0.2)  # only a flush writes
 

@@ -13,9 +13,9 @@ from cluster.ledger.backpressure import LedgerFull
 from cluster.ledger.spill import SpillLog
 from cluster.ledger.store import LedgerStore
 from cluster.ledger.writer import LedgerWriter, WriterSettings
-from tests.ledger.rows_factory import rows
-from tests.ledger.tcp_proxy import TcpProxy
-from tests.ledger.test_writer_interleavings import stored_ids
+from tests.cluster.ledger.rows_factory import rows
+from tests.cluster.ledger.tcp_proxy import TcpProxy
+from tests.cluster.ledger.test_writer_interleavings import stored_ids
 
 SETTINGS = WriterSettings(interval_s=0.05, retry_s=0.2, write_timeout_s=2.0)
 
