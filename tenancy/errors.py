@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 QuotaReason = Literal["rpm", "tpm", "concurrency", "daily_budget"]
-QueueScope = Literal["tenant", "total"]
+QueueScope = Literal["tenant", "total", "wait"]
 
 
 class TenancyError(Exception):
@@ -77,16 +78,32 @@ class RequestLimitExceeded(TenancyError):
 
 
 class QueueFull(TenancyError):
-    """The waiting queue is full for this tenant (``scope="tenant"``) or overall (``"total"``) (HTTP 429)."""
+    """The waiting queue is full for this tenant (``scope="tenant"``) or overall (``"total"``), or
+    its backlog would outlast the wait bound (``"wait"``, ``QueueWaitTooLong``) (HTTP 429)."""
 
     status_code = 429
 
-    def __init__(self, tenant_id: str, scope: QueueScope, limit: int, retry_after: float = 1.0) -> None:
-        super().__init__(f"queue full ({scope} limit {limit}) for tenant {tenant_id!r}")
+    def __init__(
+        self, tenant_id: str, scope: QueueScope, limit: int, retry_after: float = 1.0, message: str = ""
+    ) -> None:
+        super().__init__(message or f"queue full ({scope} limit {limit}) for tenant {tenant_id!r}")
         self.tenant_id = tenant_id
         self.scope: QueueScope = scope
         self.limit = limit
         self.retry_after = retry_after
+
+
+class QueueWaitTooLong(QueueFull):
+    """The requests ahead of this one would keep it waiting past the queue's time bound: refused now
+    with a 429, instead of accepted and answered with a 503 when the bound runs out."""
+
+    def __init__(self, tenant_id: str, expected_wait_s: float, bound_s: float) -> None:
+        message = (
+            f"tenant {tenant_id!r}'s request would wait about {expected_wait_s:.0f}s for a replica, "
+            f"past the queue's {bound_s:g}s bound"
+        )
+        super().__init__(tenant_id, "wait", math.ceil(bound_s), expected_wait_s - bound_s, message)
+        self.expected_wait_s = expected_wait_s
 
 
 class InvalidQueueItem(TenancyError, ValueError):

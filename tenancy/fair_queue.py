@@ -72,6 +72,7 @@ class FairQueue(QueueSharing):
         self._seq = itertools.count()
         self._local_service: dict[str, float] = {}  # counter growth charged here, not yet shared
         self._lifts = SharedLifts()  # lift offsets raised here, not yet shared
+        self._backlogged_weight = 0.0  # the weights of the tenants with requests waiting
 
     @classmethod
     def from_config(
@@ -140,6 +141,7 @@ class FairQueue(QueueSharing):
             if lift:
                 self._lift(lane)
             self._tiers[lane.policy.tier].backlogged += 1
+            self._backlogged_weight += lane.policy.weight
             self._publish(lane)
         return evicted
 
@@ -219,6 +221,15 @@ class FairQueue(QueueSharing):
             self._after_head_change(lane)
         return entry.request
 
+    def waiting_share(self, tenant_id: str) -> tuple[int, float]:
+        """The tenant's requests waiting, and the share of the dispatches its weight earns among the
+        tenants with requests waiting, itself counted among them (the admission's wait estimate)."""
+        lane = self._lanes.get(tenant_id)
+        weight = self._policy(tenant_id).weight
+        waiting = 0 if lane is None else len(lane.queue)
+        others = self._backlogged_weight - (weight if waiting else 0.0)
+        return waiting, weight / (weight + max(0.0, others))
+
     def counter(self, tenant_id: str) -> float:
         """The tenant's virtual token counter (weighted service so far, plus lifts)."""
         lane = self._lanes.get(tenant_id)
@@ -278,6 +289,7 @@ class FairQueue(QueueSharing):
         else:
             lane.version += 1
             self._tiers[lane.policy.tier].backlogged -= 1
+            self._backlogged_weight = self._backlogged_weight - lane.policy.weight if self._index else 0.0
 
     def _publish(self, lane: Lane) -> None:
         key = float(lane.queue[0].seq) if self._by_arrival else lane.counter

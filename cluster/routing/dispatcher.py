@@ -27,6 +27,13 @@ A replica that Serve stops (scale-down, rolling update) leaves the running set w
 finish: the room is then that of the replicas that stay, so those requests stop counting against
 it (``set_live``; each slot learns its replica from the first output, ``placed_on``). Otherwise a
 drain of long streams would hold the survivors' room and new requests would time out waiting.
+
+**Admission by expected wait.** A request that would wait past the queue's time bound is refused
+at once with a 429 and a Retry-After (``QueueWaitTooLong``), not accepted and answered with a 503
+when the bound runs out: the client learns in milliseconds what it would have learned in a minute,
+and retries when the backlog has drained. The wait is estimated from the rate the backlogged queue
+drains at (``DrainRate``) and the tenant's own lane at its weight's share of the dispatches, so one
+tenant's backlog refuses that tenant, not a quiet one. A cold router (no estimate yet) admits.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from cluster.errors import ServiceUnavailable
-from tenancy import FairQueue, QueuedRequest, QueueFull
+from cluster.routing.drain_rate import DrainRate
+from tenancy import FairQueue, QueuedRequest, QueueFull, QueueWaitTooLong
 
 
 @dataclass(slots=True)
@@ -87,6 +95,7 @@ class Dispatcher:
         self._by_tier: Counter[int] = Counter()  # requests holding room, by their tier
         self._live: frozenset[str] | None = None  # replica ids Serve routes to; None: not known
         self._placed: dict[str, DispatchSlot] = {}  # request id -> its slot, once its replica is known
+        self._drain = DrainRate()
         self.in_flight = 0
 
     @property
@@ -196,16 +205,19 @@ class Dispatcher:
         return self._by_tenant[tenant_id]
 
     async def wait_turn(self, request: QueuedRequest, timeout_s: float | None = None) -> DispatchSlot:
-        """Queue ``request`` and wait for its slot; ``QueueFull`` at once, 503 after the timeout.
+        """Queue ``request`` and wait for its slot; ``QueueFull`` at once (a bound, or a wait expected
+        past the timeout), 503 after the timeout.
 
         Cancellation (client gone) removes it from the queue, or gives back a slot granted meanwhile.
         """
+        timeout_s = self._timeout if timeout_s is None else timeout_s
+        self._admit_by_wait(request.tenant_id, timeout_s)
         self._refuse(self._queue.push(request))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = future
         self._kick()
         try:
-            async with asyncio.timeout(self._timeout if timeout_s is None else timeout_s):
+            async with asyncio.timeout(timeout_s):
                 await asyncio.shield(future)
         except TimeoutError:
             if not future.done():
@@ -222,6 +234,19 @@ class Dispatcher:
         future.result()  # re-raises an error set by replace_queue
         return DispatchSlot(request, self)
 
+    def expected_wait_s(self, tenant_id: str) -> float | None:
+        """Seconds a request of ``tenant_id`` queued now would wait for its slot (0 when nothing
+        waits); None before the queue has drained under a backlog long enough to tell."""
+        if not len(self._queue):
+            return 0.0
+        waiting, share = self._queue.waiting_share(tenant_id)
+        return self._drain.expected_wait_s(waiting, share)
+
+    def _admit_by_wait(self, tenant_id: str, timeout_s: float) -> None:
+        wait = self.expected_wait_s(tenant_id)
+        if wait is not None and wait > timeout_s:
+            raise QueueWaitTooLong(tenant_id, wait, timeout_s)
+
     def _refuse(self, evicted: QueuedRequest | None) -> None:
         """A request pushed out of a full queue by a tenant with fewer waiting: it gets the 429."""
         if evicted is None:
@@ -234,6 +259,7 @@ class Dispatcher:
         self, request: QueuedRequest, output_tokens: int = 0, cached_tokens: int = 0, holds_room: bool = True
     ) -> None:
         if holds_room:
+            self._drain.slot_ended(self._queue.now(), len(self._queue) > 0)
             self.in_flight -= 1
             self._by_tenant[request.tenant_id] -= 1
             self._by_tier[request.tier] -= 1
