@@ -31,8 +31,8 @@ drain of long streams would hold the survivors' room and new requests would time
 **Admission by expected wait.** A request that would wait past the queue's time bound is refused
 at once with a 429 and a Retry-After (``QueueWaitTooLong``), not accepted and answered with a 503
 when the bound runs out: the client learns in milliseconds what it would have learned in a minute,
-and retries when the backlog has drained. The wait is estimated from the rate the backlogged queue
-drains at (``DrainRate``) and the tenant's own lane at its weight's share of the dispatches, so one
+and retries when the backlog has drained. The wait is estimated from the rate slots free up while
+the router is busy (``DrainRate``) and the tenant's own lane at its weight's share of the dispatches, so one
 tenant's backlog refuses that tenant, not a quiet one. A cold router (no estimate yet) admits.
 """
 
@@ -236,7 +236,7 @@ class Dispatcher:
 
     def expected_wait_s(self, tenant_id: str) -> float | None:
         """Seconds a request of ``tenant_id`` queued now would wait for its slot (0 when nothing
-        waits); None before the queue has drained under a backlog long enough to tell."""
+        waits); None before the router has been busy long enough to tell its pace."""
         if not len(self._queue):
             return 0.0
         waiting, share = self._queue.waiting_share(tenant_id)
@@ -259,12 +259,20 @@ class Dispatcher:
         self, request: QueuedRequest, output_tokens: int = 0, cached_tokens: int = 0, holds_room: bool = True
     ) -> None:
         if holds_room:
-            self._drain.slot_ended(self._queue.now(), len(self._queue) > 0)
+            if self._busy:
+                self._drain.slot_ended(self._queue.now())
             self.in_flight -= 1
             self._by_tenant[request.tenant_id] -= 1
             self._by_tier[request.tier] -= 1
         self._queue.settle(request, output_tokens, cached_tokens)
         self._kick()
+        if not self._busy:
+            self._drain.became_idle()
+
+    @property
+    def _busy(self) -> bool:
+        """Every slot is taken, or a request waits for one: ends then come at the replicas' pace."""
+        return self.in_flight >= self.capacity or len(self._queue) > 0
 
     def _kick(self) -> None:
         now = self._queue.now()  # one clock read per round of pops
@@ -285,6 +293,8 @@ class Dispatcher:
             self.in_flight += 1
             self._by_tenant[popped.tenant_id] += 1
             self._by_tier[popped.tier] += 1
+            if self.in_flight >= self.capacity:
+                self._drain.became_busy(now)
             future.set_result(None)
 
     def _below_cap(self, tenant_id: str) -> bool:

@@ -1,9 +1,11 @@
-"""How fast a router's slots free up while requests wait for them: the rate its queue drains at.
+"""How fast a router's slots free up while it is busy: the rate a backlog would drain at.
 
-Only the ends of slots that another request was waiting for count, and only the time between two
-such ends with no slot ending on an empty queue between them: while the queue is empty the ends
-follow the arrivals, not the replicas' speed. The estimate is the mean over the last ``window``
-intervals, so it follows a replica that slows (a loaded box, a longer mix) within a few dozen ends.
+The router is busy while every slot is taken or a request waits for one. Only the time between two
+ends of one busy spell counts, or from the spell's start to its first end: once a slot stays free
+with nothing waiting, ends follow the arrivals, not the replicas' speed, and the next spell starts
+afresh. A closed loop that keeps the room full (a client with its own concurrency) counts. The
+estimate is the mean over the last ``window`` intervals, so it follows a replica that slows (a
+loaded box, a longer mix) within a few dozen ends.
 """
 
 from __future__ import annotations
@@ -15,21 +17,27 @@ MIN_INTERVALS = 8  # fewer: no estimate (a cold router admits as before)
 
 
 class DrainRate:
-    """Requests per second that leave a backlogged queue for a slot."""
+    """Requests per second that a busy router's slots free up at."""
 
     def __init__(self, window: int = WINDOW, min_intervals: int = MIN_INTERVALS) -> None:
         self._intervals: deque[float] = deque(maxlen=window)
-        self._last: float | None = None  # the last end with work waiting, since the queue last idled
+        self._last: float | None = None  # the last end (or the start) of the busy spell, if busy
         self._min = min_intervals
 
-    def slot_ended(self, now: float, queue_waiting: bool) -> None:
-        """A slot ended at ``now``; ``queue_waiting``: a request was waiting for it."""
-        if not queue_waiting:
-            self._last = None
-            return
+    def became_busy(self, now: float) -> None:
+        """The router turned busy at ``now`` (a spell already under way keeps its start)."""
+        if self._last is None:
+            self._last = now
+
+    def slot_ended(self, now: float) -> None:
+        """A slot of the busy router ended at ``now``: one more interval of the spell."""
         if self._last is not None:
             self._intervals.append(max(0.0, now - self._last))
         self._last = now
+
+    def became_idle(self) -> None:
+        """A slot stays free and nothing waits: the spell is over; the next starts afresh."""
+        self._last = None
 
     def per_s(self) -> float | None:
         """Requests per second, or None before ``min_intervals`` intervals were seen."""

@@ -56,17 +56,21 @@ async def drain(d: Dispatcher, clock: Clock, held: DispatchSlot, tasks, ends: in
     return held
 
 
-def test_the_drain_rate_counts_only_ends_a_request_was_waiting_for() -> None:
+def test_the_drain_rate_counts_only_the_busy_spells() -> None:
     rate = DrainRate(window=4, min_intervals=3)
-    for t in (0.0, 1.0, 2.0):
-        rate.slot_ended(t, queue_waiting=True)
+    rate.became_busy(0.0)
+    for t in (1.0, 2.0):
+        rate.slot_ended(t)
     assert rate.per_s() is None  # two intervals: too few to tell
-    rate.slot_ended(60.0, queue_waiting=False)  # the queue idled: the next interval starts afresh
-    for t in (100.0, 100.5, 101.0):
-        rate.slot_ended(t, queue_waiting=True)
-    # 1 s, 1 s, then 0.5 s, 0.5 s: the 98 s across the idle time count nowhere
-    assert rate.per_s() == pytest.approx(4 / 3.0)
+    rate.became_idle()  # a slot stayed free: the 98 s until the next spell count nowhere
+    rate.became_busy(100.0)
+    rate.became_busy(100.2)  # already busy: the spell keeps its start
+    for t in (100.5, 101.0):
+        rate.slot_ended(t)
+    assert rate.per_s() == pytest.approx(4 / 3.0)  # 1 s, 1 s, 0.5 s, 0.5 s
     assert rate.expected_wait_s(waiting=3, share=0.5) == pytest.approx((1 + 6) / (4 / 3.0))
+    rate.slot_ended(101.1)  # the window keeps the last 4
+    assert rate.per_s() == pytest.approx(4 / 2.1)
 
 
 def test_the_wait_share_counts_the_weights_of_the_tenants_waiting() -> None:
@@ -114,7 +118,26 @@ async def test_a_backlog_past_the_bound_is_refused_at_once_and_a_quiet_tenant_is
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_a_router_that_has_not_seen_its_queue_drain_admits_a_deep_backlog() -> None:
+async def test_the_pace_of_a_closed_loop_that_keeps_the_room_full_counts_and_idle_time_does_not() -> None:
+    clock = Clock()
+    d = make(clock)
+    for i in range(MIN_INTERVALS):  # one request at a time, each sent as the last ends
+        held = await d.wait_turn(item(d, f"b{i}", "bob"))
+        clock.now += END_EVERY_S
+        held.release()
+        clock.now += 30.0  # the client thinks for 30 s: a free slot, nothing waiting
+    assert d.expected_wait_s("bob") == 0.0  # nothing waits
+    held = await d.wait_turn(item(d, "b-last", "bob"))
+    tasks = await backlog(d, "carol", 3)
+    # each spell (grant -> end) was one 2-s interval; the 30-s pauses count nowhere
+    assert d.expected_wait_s("carol") == pytest.approx((1 + 3) * END_EVERY_S)  # carol alone waits
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    held.release()
+
+
+async def test_a_router_that_has_not_seen_its_pace_admits_a_deep_backlog() -> None:
     clock = Clock()
     d = make(clock)
     held = await d.wait_turn(item(d, "c-held", "carol"))
