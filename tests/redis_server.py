@@ -10,6 +10,7 @@ or one on PATH) on a free port, stopped at the end of the session.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,10 +26,38 @@ import redis
 DEFAULT_URL = "redis://127.0.0.1:6379"
 
 
+# Ports for the servers tests start. Not the kernel's ephemeral range (32768-60999 by default): an
+# outgoing connection can take a port there between the pick and the server's bind, as one did to
+# HAProxy's frontend in a full run. Not Ray's worker ports (10002-19999), nor the routers' direct
+# ingress ports (30000-31000). Each xdist worker draws from its own slice, so two never pick alike.
+PORTS = (20000, 30000)
+_handed_out: set[int] = set()
+
+
+def _port_slice() -> tuple[int, int]:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    width = (PORTS[1] - PORTS[0]) // max(1, workers)
+    low = PORTS[0] + width * (index % max(1, workers))
+    return low, low + width
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now on 127.0.0.1, from this worker's slice, never handed out before here."""
+    low, high = _port_slice()
+    for _ in range(1000):
+        port = random.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}-{high}")
 
 
 def redis_server_binary() -> str:

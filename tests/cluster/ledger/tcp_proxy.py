@@ -7,15 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from urllib.parse import urlsplit, urlunsplit
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.redis_server import free_port
 
 
 class TcpProxy:

@@ -26,7 +26,8 @@ from bench.router_cost import PacedReplica
 from cluster.app import compose, replica_options
 from cluster.config import AppConfig
 from tests.cluster.helpers import ADMIN, ALICE, BOB, LIMITED_KEY, ray_and_serve, write_tenancy
-from tests.cluster.ledger.tcp_proxy import TcpProxy, free_port
+from tests.cluster.ledger.tcp_proxy import TcpProxy
+from tests.redis_server import free_port
 
 APP, PREFIX, MODEL = "fl-ledger", "/fl-ledger", "smollm2-135m"
 STATUS_OUTCOME = {200: "ok", 400: "rejected", 404: "rejected", 429: "rejected"}
