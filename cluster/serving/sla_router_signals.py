@@ -1,16 +1,17 @@
 """A router's part of the SLA policy's inputs: per model on ``autoscaling.policy: sla``, its class loads.
 
-Every monitor poll (``load_poll_interval_s``) the router notes each request it has seen arrive in the
-last ``window_s``: those waiting in the model's fair queue (their arrival, prompt and max_tokens) and
-those that ended (the timing records, newest first, for requests dispatched before a poll saw them
-wait; their output stands in for max_tokens). Per tenant that gives the rate, its trend (the window's
-second half against its first), the fair-share demand and the mean lengths; the queue gives what
-waits now. ``sla_share.class_loads`` splits them by fair share at the bound, with the median TTFT and
-TPOT of the class's requests that ended in the window; the result goes on the board (``sla_board.py``).
+Every monitor poll (``load_poll_interval_s``) the router notes each request it has seen arrive in
+the last ``window_s``: those waiting in the model's fair queue (their arrival, prompt and
+max_tokens) and those that ended (the timing records, newest first, for requests dispatched before a
+poll saw them wait; their output stands in for max_tokens). Per tenant that gives the rate, its
+trend (the window's second half against its first), the fair-share demand (the window's arrivals,
+plus what still waits from before it) and the mean lengths; the queue gives what waits now.
+``sla_share.class_loads`` splits them by fair share at the bound, with the median TTFT and TPOT of
+the class's requests that ended in the window; the result goes on the board (``sla_board.py``).
 
 A request dispatched and still running when it was never seen waiting is counted once it ends: under
-load requests wait in the queue, so the rates lag only while there is room. With several routers each
-sees its own part of a tenant's demand, so the split by share is per router.
+load requests wait in the queue, so the rates lag only while there is room. With several routers
+each sees its own part of a tenant's demand, so the split by share is per router.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class ArrivalLog:
             if tenant is None:  # removed by a reload while its requests ran
                 continue
             seen, q = by.get(tid, []), queued.get(tid, [])
+            # Work still waiting that arrived before the window asks to be served now as much as
+            # the window's arrivals do: without it, a flood whose arrivals left the window had no
+            # demand, so all of its backlog counted within share and bought replicas.
+            backlog = sum(r.prompt_tokens + 2 * r.max_tokens for r in q if r.arrival < now - w)
             n = max(len(seen), 1)
             early = sum(1 for s in seen if s.arrival < now - half)
             slope = ((len(seen) - early) - early) / half / half
@@ -77,7 +82,7 @@ class ArrivalLog:
                     tid,
                     tenant.sla_class,
                     tenant.weight,
-                    demand=sum(s.prompt + 2 * s.output for s in seen) / w,
+                    demand=(sum(s.prompt + 2 * s.output for s in seen) + backlog) / w,
                     rate_rps=max(0.0, len(seen) / w + slope * half),  # the trend's value now
                     rate_slope=slope,
                     mean_prompt_tokens=sum(s.prompt for s in seen) / n,

@@ -1,11 +1,13 @@
 """Which waiting work is within its tenant's fair share, per SLA class (the policy's ``Work`` parts).
 
-A tenant's demand is its recent arrivals' fair-share work, ``Σ (prompt + 2 × max_tokens)`` per second
-(the fair queue's charge). Its fair share is max-min by weight (water-filling) of what the model's
-replicas serve at the **bound** (``max_replicas`` and the cost ceiling): the most the platform would
-buy. A tenant asking for no more than that is within its share; one asking for more has the fraction
-``share / demand`` of its waiting work and arrivals within, the rest over. So a lone tenant may use
-the whole bound, and a flood beyond it is over-share by what exceeds it; the simulator's report
+A tenant's demand is its recent arrivals' fair-share work, ``Σ (prompt + 2 × max_tokens)`` per
+second (the fair queue's charge), its waiting work from before the window counted as if it had just
+come (a backlog still asks to be served: a flood stays over-share after its arrivals leave the
+window). Its fair share is max-min by weight (water-filling) of what the model's replicas serve at
+the **bound** (``max_replicas`` and the cost ceiling): the most the platform would buy. A tenant
+asking for no more than that is within its share; one asking for more has the fraction ``share /
+demand`` of its waiting work and arrivals within, the rest over. So a lone tenant may use the whole
+bound, and a flood beyond it is over-share by what exceeds it; the simulator's report
 (``loadtest/sim/fair_share.py``) splits tenants the same way, over the whole run. With
 ``share_basis: configured`` a tenant's share is instead its weight's part of every configured
 tenant's weight (a guarantee that tenants who are idle keep): a lone flood is over-share beyond it.
