@@ -60,7 +60,7 @@ class SlaServePolicy:
             getattr(r, "unique_id", str(r)): v
             for r, v in (ctx.aggregated_metrics or {}).get(START_S, {}).items()
         }
-        made = decision.as_dict() | {"decided_at": now}
+        made = decision.as_dict() | {"decided_at": now, "inputs": decision_inputs(classes)}
         if decision.desired != decision.current:
             self._last_change = {k: made[k] for k in ("desired", "current", "reason", "decided_at")}
         self._publish(ctx, made | {"replica_start_s": starts, "last_change": self._last_change})
@@ -97,6 +97,22 @@ class SlaServePolicy:
             sla_board.publish_decision(ctx.app_name or "", ctx.deployment_name, decision)
         except Exception as exc:  # the GCS busy: the next decision publishes again
             log.debug("SLA decision not published: %s", exc)
+
+
+def decision_inputs(classes: list) -> dict[str, dict[str, float | None]]:
+    """What each class looked like to the decision (published with it, so a run's records say which
+    input moved a count): its within-share rate and waiting requests, the over-share rate, and the
+    measured TTFT and TPOT that calibrate the prediction."""
+    return {
+        c.name: {
+            "within_rps": round(c.within.rate_rps, 3),
+            "within_waiting": round(c.within.waiting_requests, 1),
+            "over_rps": round(c.over.rate_rps, 3),
+            "measured_ttft_s": c.measured_ttft_s,
+            "measured_tpot_s": c.measured_tpot_s,
+        }
+        for c in classes
+    }
 
 
 def policy_kwargs(settings: Any, a: Any, device: str) -> dict[str, Any]:

@@ -82,6 +82,8 @@ def test_an_interactive_burst_scales_up_and_an_over_share_batch_backlog_does_not
     burst = _classes(Work(4, 120, 80, 1.2, 0.0, 30, 20, 1.2), Work())
     assert decide(_ctx(1, burst))[0] >= 2
     assert _board[-1]["reason"].startswith("up") and _board[-1]["replica_start_s"] == {"r0": 8.0}
+    said = _board[-1]["inputs"]["interactive"]  # what the decision saw, published beside it
+    assert (said["within_rps"], said["within_waiting"], said["over_rps"]) == (1.2, 4.0, 0.0)
     up = _board[-1]["last_change"]
     assert up["reason"] == _board[-1]["reason"] and up["desired"] >= 2 and up["current"] == 1
     flood = _classes(Work(), Work(200, 20_000, 12_800, 20.0, 0.0, 100, 64, 20.0))
