@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -128,6 +129,11 @@ def _report(name: str, records: list[ClientRecord], server: dict, **figures) -> 
     return DrillReport(name, tally(records), server, figures, records)
 
 
+def _counts(names) -> str:
+    """``name:count`` pairs, sorted by name (a figure that stays a string in the report's JSON)."""
+    return ",".join(f"{name}:{n}" for name, n in sorted(Counter(names).items()))
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -202,6 +208,10 @@ async def overload(
         offered_rps=round(rate, 2),
         reject_p99_s=round(_pct([r.latency for r in rejected], 0.99), 3),
         rejects_with_retry_after=sum(r.retry_after is not None for r in rejected),
+        # which bound refused them: the queue's per-tenant and total lengths, or the expected wait
+        rejected_codes=",".join(
+            f"{c}:{n}" for c, n in sorted(Counter(r.code or "?" for r in rejected).items())
+        ),
         rss_phase1_mb=round(rss[0] / 2**20, 1),
         rss_phase2_mb=round(rss[1] / 2**20, 1),
     )
