@@ -54,6 +54,7 @@ def ask(client: httpx.Client, base: str, key: str, model: str, messages: list[di
     data = resp.json()
     usage = data["usage"]
     return {
+        "id": data["id"],
         "latency_s": time.monotonic() - started,
         "prompt_tokens": usage["prompt_tokens"],
         "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from ray import serve
 
 from bench.prefix_routing import run_conversations, summarize
 from tests.cluster.helpers import (
+    ADMIN,
     ALICE,
     BOB,
     MODEL,
@@ -53,11 +55,21 @@ def _run(app: tuple[str, str, dict], port: int) -> list[dict]:
         if direct:  # both replicas found on the board before the conversations start
             assert wait_until(lambda: _direct_sent(base) >= 2, timeout_s=60), admin_state(base)
         rows = run_conversations(base, [ALICE, BOB], MODEL, CONVERSATIONS, TURNS, seed=1, tag=path[1:])
+        _add_replicas(base, rows)
         if direct:
             rows.append({"turn": -1, "direct_sent": _direct_sent(base), "streamed": _streamed(base)})
         return rows
     finally:
         serve.delete(name)
+
+
+def _add_replicas(base: str, rows: list[dict]) -> None:
+    """Each turn's replica, from the router's timing records (before the app is deleted): a failed
+    comparison then shows where the baseline's turns went."""
+    records = httpx.get(f"{base}/admin/timings", headers=ADMIN, timeout=30).json()["records"]
+    replica_of = {r["request_id"]: r["replica_id"] for r in records}
+    for row in rows:
+        row["replica"] = replica_of.get(row["id"].split("-", 1)[-1], "?")
 
 
 def _direct_sent(base: str) -> int:
@@ -106,11 +118,16 @@ def test_prefix_choice_sends_every_later_turn_to_the_replica_holding_its_history
     assert len(later) == CONVERSATIONS * (TURNS - 1)
     for row in later:  # at least the system prompt's whole blocks, found where turn 1 went
         assert row["cached_tokens"] >= row["prompt_tokens"] // 2, row
+    # ... because each conversation stayed on one replica (the router's own records say which)
+    where = {(r["conversation"], r["turn"]): r["replica"] for r in runs["prefix"]}
+    assert "?" not in where.values(), where
+    assert all(where[(c, t)] == where[(c, 0)] for c, t in where), where
 
 
 def test_prefix_choice_hits_more_than_load_alone(runs) -> None:
     load, prefix = summarize(runs["load"]), summarize(runs["prefix"])
-    assert prefix["later_hit_rate"] > load["later_hit_rate"] + 0.1, (load, prefix)
+    where = [(r["conversation"], r["turn"], r["replica"]) for r in runs["load"]]  # for a failure's message
+    assert prefix["later_hit_rate"] > load["later_hit_rate"] + 0.1, (load, prefix, where)
     assert load["later_turns_without_hit"] > 0, load  # by load alone some turns miss their replica
     assert prefix["later_turns_without_hit"] == 0, prefix
 
