@@ -209,9 +209,7 @@ async def overload(
         reject_p99_s=round(_pct([r.latency for r in rejected], 0.99), 3),
         rejects_with_retry_after=sum(r.retry_after is not None for r in rejected),
         # which bound refused them: the queue's per-tenant and total lengths, or the expected wait
-        rejected_codes=",".join(
-            f"{c}:{n}" for c, n in sorted(Counter(r.code or "?" for r in rejected).items())
-        ),
+        rejected_codes=_counts(r.code or "?" for r in rejected),
         rss_phase1_mb=round(rss[0] / 2**20, 1),
         rss_phase2_mb=round(rss[1] / 2**20, 1),
     )

@@ -32,8 +32,9 @@ drain of long streams would hold the survivors' room and new requests would time
 at once with a 429 and a Retry-After (``QueueWaitTooLong``), not accepted and answered with a 503
 when the bound runs out: the client learns in milliseconds what it would have learned in a minute,
 and retries when the backlog has drained. The wait is estimated from the rate slots free up while
-the router is busy (``DrainRate``) and the tenant's own lane at its weight's share of the dispatches, so one
-tenant's backlog refuses that tenant, not a quiet one. A cold router (no estimate yet) admits.
+the router is busy (``DrainRate``) and the tenant's own lane at its weight's share of the
+dispatches, so one tenant's backlog refuses that tenant, not a quiet one. A cold router (no
+estimate yet) admits.
 """
 
 from __future__ import annotations

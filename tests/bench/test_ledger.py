@@ -49,7 +49,8 @@ def stated(value: str) -> tuple[float, int, bool]:
 
 
 def holds(row: dict[str, str]) -> None:
-    path = ROOT / re.search(r"`([^`]+)`|^(\S+)$", row["json"]).group(1 if "`" in row["json"] else 2)
+    cell = row["json"]  # the file's path, in backticks, maybe with a note after it
+    path = ROOT / (cell.split("`")[1] if "`" in cell else cell)
     assert path.is_file(), f"{row['figure']}: {path} is not committed"
     content = path.read_text(encoding="utf-8")
     if row["key"] == TEXT_KEY:

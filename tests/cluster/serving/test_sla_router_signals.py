@@ -11,31 +11,31 @@ WINDOW_S = 10.0
 FLOOD = 48
 
 
-def _flood(queue: FairQueue, at: float) -> list:
-    return [queue.make_request(f"c{i}", "carol", 100, 200, arrival=at) for i in range(FLOOD)]
+TENANCY = default_tenancy_config()
+WORK = FLOOD * (100 + 2 * 200)  # the flood's fair-share work: prompt + 2 x max_tokens each
+
+
+def _carol_seen(log: ArrivalLog, arrived_at: float, polls: tuple[float, ...]) -> list:
+    """carol's load at each poll of ``log``, her flood of FLOOD requests arrived at ``arrived_at``
+    and still waiting (nothing served)."""
+    queue = FairQueue.from_config(TENANCY)
+    waiting = [queue.make_request(f"c{i}", "carol", 100, 200, arrival=arrived_at) for i in range(FLOOD)]
+    out = []
+    for now in polls:
+        log.note(waiting, [], now=now)
+        out.append({t.tenant_id: t for t in log.tenants(waiting, TENANCY, now=now)}["carol"])
+    return out
 
 
 def test_a_flood_whose_arrivals_left_the_window_keeps_its_demand() -> None:
-    tenancy = default_tenancy_config()
-    queue = FairQueue.from_config(tenancy)
-    waiting = _flood(queue, at=0.0)
-    log = ArrivalLog(WINDOW_S)
-    log.note(waiting, [], now=1.0)
-    fresh = {t.tenant_id: t for t in log.tenants(waiting, tenancy, now=1.0)}["carol"]
-    log.note(waiting, [], now=30.0)  # 30 s on, nothing served: the arrivals left the window
-    later = {t.tenant_id: t for t in log.tenants(waiting, tenancy, now=30.0)}["carol"]
-    work = FLOOD * (100 + 2 * 200)
-    assert fresh.demand == later.demand == work / WINDOW_S
+    # 1 s after the flood, then 30 s on, when its arrivals have left the window
+    fresh, later = _carol_seen(ArrivalLog(WINDOW_S), arrived_at=0.0, polls=(1.0, 30.0))
+    assert fresh.demand == later.demand == WORK / WINDOW_S
     assert later.window_rate_rps == 0.0 and later.waiting_requests == FLOOD
     # against a bound that serves a tenth of that, the flood stays mostly over its share
-    assert within_fraction([later], capacity=work / WINDOW_S / 10)["carol"] < 0.11
+    assert within_fraction([later], capacity=WORK / WINDOW_S / 10)["carol"] < 0.11
 
 
 def test_waiting_requests_inside_the_window_are_counted_once() -> None:
-    tenancy = default_tenancy_config()
-    queue = FairQueue.from_config(tenancy)
-    waiting = _flood(queue, at=25.0)
-    log = ArrivalLog(WINDOW_S)
-    log.note(waiting, [], now=30.0)
-    carol = {t.tenant_id: t for t in log.tenants(waiting, tenancy, now=30.0)}["carol"]
-    assert carol.demand == FLOOD * (100 + 2 * 200) / WINDOW_S
+    (carol,) = _carol_seen(ArrivalLog(WINDOW_S), arrived_at=25.0, polls=(30.0,))
+    assert carol.demand == WORK / WINDOW_S
