@@ -78,10 +78,22 @@ class Drill:
         last = LedgerWriter(LedgerStore(self.dsn), SpillLog(self.folder, "last", 100_000), SETTINGS)
         last.start()
         async with asyncio.timeout(60):
-            while [p for p in self.folder.glob("ledger-spill-*.jsonl") if p.stat().st_size]:
+            while rows_left_on_disk(self.folder):
                 await asyncio.sleep(0.05)
         await last.close()
         self.dropped += last.dropped
+
+
+def rows_left_on_disk(folder: Path) -> bool:
+    """Whether a spill file with rows in it is left. The adopting writer deletes a file once it is
+    replayed, so one listed may be gone by the time its size is read: gone is empty."""
+    for path in folder.glob("ledger-spill-*.jsonl"):
+        try:
+            if path.stat().st_size:
+                return True
+        except FileNotFoundError:
+            continue
+    return False
 
 
 async def stored_ids(dsn: str) -> list[str]:

@@ -97,7 +97,10 @@ def test_python_starts_no_full_collection_while_paced_and_its_triggers_come_back
     async def run() -> tuple[tuple[int, int, int], int, bool]:
         pacer = GcPacer(tick_s=0.01).start()
         paced = gc.get_threshold()
-        await asyncio.sleep(0.2)
+        # Five ticks of the clock, however long a loaded box takes to give them.
+        async with asyncio.timeout(30):
+            while pacer.counts.ticks < 5:
+                await asyncio.sleep(0.01)
         ticks = pacer.counts.ticks
         await pacer.stop()
         return paced, ticks, pacer.running
