@@ -40,6 +40,8 @@ class ClientRecord:
     tokens: int = 0
     retry_after: str | None = None
     started: float = field(default_factory=time.monotonic)
+    answered: float = 0.0  # the response's status line and headers arrived
+    first_token: float = 0.0  # the first token's event arrived (0: none did)
     ended: float = 0.0
 
     @property
@@ -73,7 +75,7 @@ async def fill_record(
         async with client.stream(
             "POST", "/v1/chat/completions", json=body | {"stream": True}, headers=_auth(key)
         ) as resp:
-            rec.status = resp.status_code
+            rec.status, rec.answered = resp.status_code, time.monotonic()
             if resp.status_code != 200:
                 await _refused(rec, resp)
                 return rec
@@ -117,6 +119,7 @@ async def _read_events(rec: ClientRecord, resp: httpx.Response, drop_after: int 
             return
         if event.get("choices"):
             rec.tokens += 1
+            rec.first_token = rec.first_token or time.monotonic()
             if drop_after is not None and rec.tokens >= drop_after:
                 rec.ending = "aborted"  # leaving the block closes the connection mid-stream
                 return

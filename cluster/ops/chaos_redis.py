@@ -13,6 +13,7 @@ import time
 
 import httpx
 
+from cluster.ops.chaos_client import ClientRecord
 from cluster.ops.chaos_drills import DrillReport, Fault, Target, _counted, _pct, _report, _steady
 
 
@@ -98,6 +99,7 @@ def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: in
     steady = [r for r in records if r.tenant != tenant_id]
     during = [r for r in steady if times["down"] <= r.started < times["up"]]
     normal = [r for r in steady if r.started < times["down"] or r.started >= times["up"]]
+    slowest = max(during, key=lambda r: r.latency, default=None)
     refused_during = [
         r for r in records if r.ending == "rejected" and times["down"] <= r.started < times["up"]
     ]
@@ -111,8 +113,28 @@ def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: in
         outage_latency_p99_s=round(_pct([r.latency for r in during], 0.99), 3),
         normal_latency_p99_s=round(_pct([r.latency for r in normal], 0.99), 3),
         outage_reject_p99_s=round(_pct([r.latency for r in refused_during], 0.99), 3),
+        **_timeline("slowest_outage_", slowest, times["down"]),
         limited_admitted=admitted,
         limited_rejected=sum(r.tenant == tenant_id and r.ending == "rejected" for r in records),
         limited_bound=round(bound, 1),
         routers=routers,
     )
+
+
+def _timeline(prefix: str, record: ClientRecord | None, origin: float) -> dict[str, float | str]:
+    """Where one request's time went, as the client saw it: when it started (seconds after
+    ``origin``), then its headers, first token and end (seconds after it started); -1 for a step it
+    never reached. A slow answer tells the router's wait (headers) from its stream."""
+    if record is None:
+        return {}
+
+    def since_start(at: float) -> float:
+        return round(at - record.started, 3) if at else -1.0
+
+    return {
+        f"{prefix}started_s": round(record.started - origin, 3),
+        f"{prefix}headers_s": since_start(record.answered),
+        f"{prefix}first_token_s": since_start(record.first_token),
+        f"{prefix}latency_s": round(record.latency, 3),
+        f"{prefix}ending": record.ending,
+    }
