@@ -34,6 +34,7 @@ class ClientRecord:
     """One request as the client saw it."""
 
     tenant: str
+    user: str | None = None  # sent as OpenAI's ``user``: finds the request's timing record in its router
     ending: str = "errored"
     status: int | None = None
     code: str | None = None
@@ -71,10 +72,9 @@ async def fill_record(
     rec: ClientRecord, client: httpx.AsyncClient, key: str, body: dict, drop_after_tokens: int | None
 ) -> ClientRecord:
     """``stream_chat`` into a record the caller holds (it survives a cancelled task as "aborted")."""
+    body = body | {"stream": True} | ({"user": rec.user} if rec.user else {})
     try:
-        async with client.stream(
-            "POST", "/v1/chat/completions", json=body | {"stream": True}, headers=_auth(key)
-        ) as resp:
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=_auth(key)) as resp:
             rec.status, rec.answered = resp.status_code, time.monotonic()
             if resp.status_code != 200:
                 await _refused(rec, resp)

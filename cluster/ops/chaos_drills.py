@@ -260,7 +260,7 @@ async def _steady(
 
     async def worker(tenant: str, key: str) -> None:
         while not stop.is_set():
-            rec = ClientRecord(tenant)
+            rec = ClientRecord(tenant, user=f"{tenant}-{len(records)}")
             records.append(rec)
             await fill_record(rec, client, key, target.body(max_tokens), None)
             if rec.ending == "rejected":

@@ -15,6 +15,7 @@ import httpx
 
 from cluster.ops.chaos_client import ClientRecord
 from cluster.ops.chaos_drills import DrillReport, Fault, Target, _counted, _pct, _report, _steady
+from cluster.ops.router_timings import admission_s, router_records, stage_summary
 
 
 async def router_health(client: httpx.AsyncClient, routers: int, max_scrapes: int = 60) -> dict[str, str]:
@@ -51,8 +52,12 @@ async def redis_outage(
     max_tokens: int = 4,
     status_timeout_s: float = 20.0,
     push_workers: int = 6,
+    yields_to_pusher: frozenset[str] = frozenset(),
 ) -> DrillReport:
-    """``limited`` = (tenant id, key, requests per minute) of the tenant that pushes past its quota."""
+    """``limited`` = (tenant id, key, requests per minute) of the tenant that pushes past its quota.
+    ``yields_to_pusher``: steady tenants that fair share may rightly put behind the pusher's burst
+    (its tier, or a lower one). Their load runs and is accounted, but the latency comparison leaves
+    them out: it measures Redis's effect, and their wait is the queue's order."""
     tenant_id, key, rpm = limited
     pushy = Target(target.base_url, {tenant_id: key}, target.admin_key, target.model, target.routers)
     times: dict[str, float] = {}
@@ -85,10 +90,29 @@ async def redis_outage(
             return steady + pushed
 
         records, server = await _counted(client, target, run)
-    return _outage_report(records, server, times, tenant_id, rpm, target.routers)
+        report = _outage_report(records, server, times, tenant_id, rpm, target.routers, yields_to_pusher)
+        report.figures |= await _router_figures(client, target, records, times, tenant_id)
+    return report
 
 
-def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: int) -> DrillReport:
+async def _router_figures(client, target: Target, records, times, tenant_id: str) -> dict:
+    """What the routers saw: the slowest requests' stages, and the longest quota check of a steady
+    request started in the outage (a request waiting on a Redis that is away would show there)."""
+    during, _ = _steady_split(records, times, tenant_id)
+    slowest = _slowest_steady(records, times, tenant_id)
+    wanted = {r.user for r in during} | {r.user for r in slowest.values()}
+    timings = await router_records(client, target, {u for u in wanted if u})
+    admissions = [admission_s(timings[r.user]) for r in during if r.user in timings]
+    return {
+        **{f"{prefix}router": stage_summary(timings.get(r.user)) for prefix, r in slowest.items()},
+        "outage_admit_max_s": round(max((a for a in admissions if a is not None), default=-1.0), 3),
+        "outage_admit_found": f"{len(admissions)}/{len(during)}",
+    }
+
+
+def _outage_report(
+    records, server, times, tenant_id: str, rpm: int, routers: int, yielding: frozenset[str]
+) -> DrillReport:
     span = times["end"] - times["start"]
     admitted = sum(r.tenant == tenant_id and r.ending != "rejected" for r in records)
     # bucket + refill over the drill + one refill window (the routers' local buckets together)
@@ -96,10 +120,11 @@ def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: in
     # The latencies compare the steady load with itself: the pushing tenant's thousands of fast
     # refusals, mixed in, made each percentile land on a different rank of the served requests (the
     # outage window's p99 was near its slowest answer, the rest's near its median).
-    steady = [r for r in records if r.tenant != tenant_id]
-    during = [r for r in steady if times["down"] <= r.started < times["up"]]
-    normal = [r for r in steady if r.started < times["down"] or r.started >= times["up"]]
-    slowest = max(during, key=lambda r: r.latency, default=None)
+    during, normal = _steady_split(records, times, tenant_id)
+    slowest = _slowest_steady(records, times, tenant_id)
+    compared_during = [r for r in during if r.tenant not in yielding]
+    compared_normal = [r for r in normal if r.tenant not in yielding]
+    yielded = [r for r in during + normal if r.tenant in yielding]
     refused_during = [
         r for r in records if r.ending == "rejected" and times["down"] <= r.started < times["up"]
     ]
@@ -110,15 +135,30 @@ def _outage_report(records, server, times, tenant_id: str, rpm: int, routers: in
         degraded_after_s=round(times["degraded_after_s"], 2),
         reconnect_s=round(times["reconnect_s"], 2),
         served_during_outage=sum(r.ending == "completed" for r in during),
-        outage_latency_p99_s=round(_pct([r.latency for r in during], 0.99), 3),
-        normal_latency_p99_s=round(_pct([r.latency for r in normal], 0.99), 3),
+        outage_latency_p99_s=round(_pct([r.latency for r in compared_during], 0.99), 3),
+        normal_latency_p99_s=round(_pct([r.latency for r in compared_normal], 0.99), 3),
+        yielding_latency_p99_s=round(_pct([r.latency for r in yielded], 0.99), 3),
         outage_reject_p99_s=round(_pct([r.latency for r in refused_during], 0.99), 3),
-        **_timeline("slowest_outage_", slowest, times["down"]),
+        **{k: v for prefix, r in slowest.items() for k, v in _timeline(prefix, r, times["down"]).items()},
         limited_admitted=admitted,
         limited_rejected=sum(r.tenant == tenant_id and r.ending == "rejected" for r in records),
         limited_bound=round(bound, 1),
         routers=routers,
     )
+
+
+def _steady_split(records, times, tenant_id: str) -> tuple[list[ClientRecord], list[ClientRecord]]:
+    """The steady tenants' requests started in the outage, and those started around it."""
+    steady = [r for r in records if r.tenant != tenant_id]
+    during = [r for r in steady if times["down"] <= r.started < times["up"]]
+    return during, [r for r in steady if r.started < times["down"] or r.started >= times["up"]]
+
+
+def _slowest_steady(records, times, tenant_id: str) -> dict[str, ClientRecord]:
+    """The slowest steady request started in the outage, and the slowest started around it."""
+    during, normal = _steady_split(records, times, tenant_id)
+    picks = {"slowest_outage_": during, "slowest_normal_": normal}
+    return {prefix: max(group, key=lambda r: r.latency) for prefix, group in picks.items() if group}
 
 
 def _timeline(prefix: str, record: ClientRecord | None, origin: float) -> dict[str, float | str]:
