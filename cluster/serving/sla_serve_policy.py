@@ -37,8 +37,10 @@ class SlaServePolicy:
         self._shape: ReplicaShape | None = None
         self._at = -1e18
         self._desired: int | None = None
-        # The last decision that changed the count: a scale-up's own reason outlives the holds that
-        # follow it (a decision every interval), so /admin/state can say why the count last moved.
+        # The last decision that changed the count, whole (its predictions and inputs too): a
+        # scale-up's own reasons outlive the holds that follow it (a decision every interval), so
+        # /admin/state can say why the count last moved, and a bench whose sample of the up itself
+        # was shed under a burst still sees what drove it.
         self._last_change: dict[str, Any] | None = None
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
@@ -62,7 +64,7 @@ class SlaServePolicy:
         }
         made = decision.as_dict() | {"decided_at": now, "inputs": decision_inputs(classes)}
         if decision.desired != decision.current:
-            self._last_change = {k: made[k] for k in ("desired", "current", "reason", "decided_at")}
+            self._last_change = made
         self._publish(ctx, made | {"replica_start_s": starts, "last_change": self._last_change})
         return decision.desired, {}
 

@@ -86,6 +86,8 @@ def test_an_interactive_burst_scales_up_and_an_over_share_batch_backlog_does_not
     assert (said["within_rps"], said["within_waiting"], said["over_rps"]) == (1.2, 4.0, 0.0)
     up = _board[-1]["last_change"]
     assert up["reason"] == _board[-1]["reason"] and up["desired"] >= 2 and up["current"] == 1
+    # whole: a reader that saw only the holds after it still sees what the up predicted and saw
+    assert up["inputs"] == _board[-1]["inputs"] and up["predictions"] == _board[-1]["predictions"]
     flood = _classes(Work(), Work(200, 20_000, 12_800, 20.0, 0.0, 100, 64, 20.0))
     assert decide(_ctx(1, flood))[0] == 1
     assert _board[-1]["reason"].startswith("hold")
