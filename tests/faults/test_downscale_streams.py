@@ -100,11 +100,23 @@ def _take(chunk: dict, out: StreamResult) -> None:
 
 def _short(base: str) -> str:
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
-    r = httpx.post(
-        f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {BOB}"}, timeout=60
-    )
+    sent = admin_state(base)
+    try:
+        r = httpx.post(
+            f"{base}/v1/completions", json=body, headers={"Authorization": f"Bearer {BOB}"}, timeout=60
+        )
+    except httpx.TimeoutException as exc:
+        # Once seen on a loaded box and never explained: say what the router held then and now.
+        now = admin_state(base)
+        raise AssertionError(f"{exc!r}; router when sent: {_held(sent)}; now: {_held(now)}") from exc
     assert r.status_code == 200, r.text
     return r.json()["id"]
+
+
+def _held(state: dict) -> dict:
+    """The router's room and what takes it: replicas, capacity, in flight, queued."""
+    keys = ("replicas", "capacity", "in_flight", "displacing", "queued", "waiters", "active_leases")
+    return {k: state.get(k) for k in keys if k in state}
 
 
 def _watch_stop(stop_seen: list[float], done: threading.Event) -> None:
