@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import httpx
 
@@ -90,28 +91,55 @@ async def redis_outage(
             return steady + pushed
 
         records, server = await _counted(client, target, run)
-        report = _outage_report(records, server, times, tenant_id, rpm, target.routers, yields_to_pusher)
-        report.figures |= await _router_figures(client, target, records, times, tenant_id)
+        steady = SteadyLoad.of(records, times, tenant_id)
+        report = _outage_report(
+            records, server, times, tenant_id, rpm, target.routers, steady, yields_to_pusher
+        )
+        report.figures |= await _router_figures(client, target, steady)
     return report
 
 
-async def _router_figures(client, target: Target, records, times, tenant_id: str) -> dict:
+@dataclass
+class SteadyLoad:
+    """The steady tenants' requests (the pusher's aside), by when they started: in the outage or
+    around it; and the slowest of each, keyed by its figures' prefix."""
+
+    during: list[ClientRecord]
+    normal: list[ClientRecord]
+    slowest: dict[str, ClientRecord]
+
+    @classmethod
+    def of(cls, records: list[ClientRecord], times: dict[str, float], pusher: str) -> SteadyLoad:
+        steady = [r for r in records if r.tenant != pusher]
+        during = [r for r in steady if times["down"] <= r.started < times["up"]]
+        normal = [r for r in steady if r.started < times["down"] or r.started >= times["up"]]
+        picks = {"slowest_outage_": during, "slowest_normal_": normal}
+        slowest = {prefix: max(group, key=lambda r: r.latency) for prefix, group in picks.items() if group}
+        return cls(during, normal, slowest)
+
+
+async def _router_figures(client: httpx.AsyncClient, target: Target, steady: SteadyLoad) -> dict:
     """What the routers saw: the slowest requests' stages, and the longest quota check of a steady
     request started in the outage (a request waiting on a Redis that is away would show there)."""
-    during, _ = _steady_split(records, times, tenant_id)
-    slowest = _slowest_steady(records, times, tenant_id)
-    wanted = {r.user for r in during} | {r.user for r in slowest.values()}
+    wanted = {r.user for r in steady.during} | {r.user for r in steady.slowest.values()}
     timings = await router_records(client, target, {u for u in wanted if u})
-    admissions = [admission_s(timings[r.user]) for r in during if r.user in timings]
+    admissions = [admission_s(timings[r.user]) for r in steady.during if r.user in timings]
     return {
-        **{f"{prefix}router": stage_summary(timings.get(r.user)) for prefix, r in slowest.items()},
+        **{f"{prefix}router": stage_summary(timings.get(r.user)) for prefix, r in steady.slowest.items()},
         "outage_admit_max_s": round(max((a for a in admissions if a is not None), default=-1.0), 3),
-        "outage_admit_found": f"{len(admissions)}/{len(during)}",
+        "outage_admit_found": f"{len(admissions)}/{len(steady.during)}",
     }
 
 
 def _outage_report(
-    records, server, times, tenant_id: str, rpm: int, routers: int, yielding: frozenset[str]
+    records,
+    server,
+    times,
+    tenant_id: str,
+    rpm: int,
+    routers: int,
+    steady: SteadyLoad,
+    yielding: frozenset[str],
 ) -> DrillReport:
     span = times["end"] - times["start"]
     admitted = sum(r.tenant == tenant_id and r.ending != "rejected" for r in records)
@@ -120,8 +148,7 @@ def _outage_report(
     # The latencies compare the steady load with itself: the pushing tenant's thousands of fast
     # refusals, mixed in, made each percentile land on a different rank of the served requests (the
     # outage window's p99 was near its slowest answer, the rest's near its median).
-    during, normal = _steady_split(records, times, tenant_id)
-    slowest = _slowest_steady(records, times, tenant_id)
+    during, normal = steady.during, steady.normal
     compared_during = [r for r in during if r.tenant not in yielding]
     compared_normal = [r for r in normal if r.tenant not in yielding]
     yielded = [r for r in during + normal if r.tenant in yielding]
@@ -139,7 +166,11 @@ def _outage_report(
         normal_latency_p99_s=round(_pct([r.latency for r in compared_normal], 0.99), 3),
         yielding_latency_p99_s=round(_pct([r.latency for r in yielded], 0.99), 3),
         outage_reject_p99_s=round(_pct([r.latency for r in refused_during], 0.99), 3),
-        **{k: v for prefix, r in slowest.items() for k, v in _timeline(prefix, r, times["down"]).items()},
+        **{
+            k: v
+            for prefix, r in steady.slowest.items()
+            for k, v in _timeline(prefix, r, times["down"]).items()
+        },
         limited_admitted=admitted,
         limited_rejected=sum(r.tenant == tenant_id and r.ending == "rejected" for r in records),
         limited_bound=round(bound, 1),
@@ -147,26 +178,10 @@ def _outage_report(
     )
 
 
-def _steady_split(records, times, tenant_id: str) -> tuple[list[ClientRecord], list[ClientRecord]]:
-    """The steady tenants' requests started in the outage, and those started around it."""
-    steady = [r for r in records if r.tenant != tenant_id]
-    during = [r for r in steady if times["down"] <= r.started < times["up"]]
-    return during, [r for r in steady if r.started < times["down"] or r.started >= times["up"]]
-
-
-def _slowest_steady(records, times, tenant_id: str) -> dict[str, ClientRecord]:
-    """The slowest steady request started in the outage, and the slowest started around it."""
-    during, normal = _steady_split(records, times, tenant_id)
-    picks = {"slowest_outage_": during, "slowest_normal_": normal}
-    return {prefix: max(group, key=lambda r: r.latency) for prefix, group in picks.items() if group}
-
-
-def _timeline(prefix: str, record: ClientRecord | None, origin: float) -> dict[str, float | str]:
+def _timeline(prefix: str, record: ClientRecord, origin: float) -> dict[str, float | str]:
     """Where one request's time went, as the client saw it: when it started (seconds after
     ``origin``), then its headers, first token and end (seconds after it started); -1 for a step it
     never reached. A slow answer tells the router's wait (headers) from its stream."""
-    if record is None:
-        return {}
 
     def since_start(at: float) -> float:
         return round(at - record.started, 3) if at else -1.0

@@ -142,6 +142,18 @@ async def _steps_to_join(late: bool) -> tuple[int, list[float]]:
     raise AssertionError(f"no arrival landed in the first half of a step: {tries}")
 
 
+async def test_an_arrival_joins_the_next_step_when_planned_late():
+    steps, holds = await _steps_to_join(late=True)
+    assert steps == 1
+    assert max(holds) > STEP_S * 1000.0 / 2  # the loop waited for arrivals most of a step
+
+
+async def test_an_arrival_waits_a_step_more_when_planned_early():
+    steps, holds = await _steps_to_join(late=False)
+    assert steps == 2
+    assert max(holds) == 0.0
+
+
 async def test_no_wait_while_top_tier_work_waits_in_the_engine():
     """One row: the second request waits (first tier) while the first runs, and the loop plans
     every step at once meanwhile; alone, it is held for arrivals again."""
