@@ -9,6 +9,7 @@ publishes its own: load + graph capture, from its process start).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -111,6 +112,8 @@ class Decision:
     slowdown: float = 1.0  # the replicas' measured step time over the step model's (sla_predict)
 
     def as_dict(self) -> dict:
+        """JSON-safe: a prediction that never ends within the horizon (an inf TTFT) is ``None``, so
+        the decision survives the board, ``/admin/state`` and every JSON reader."""
         return {
             "desired": self.desired,
             "current": self.current,
@@ -120,11 +123,16 @@ class Decision:
             "predictions": [
                 {
                     "replicas": p.replicas,
-                    "attainment": p.attainment,
-                    "after_start": p.late,
-                    "ttft_s": p.ttft_s,
-                    "tpot_s": p.tpot_s,
+                    "attainment": _finite(p.attainment),
+                    "after_start": _finite(p.late),
+                    "ttft_s": _finite(p.ttft_s),
+                    "tpot_s": p.tpot_s if math.isfinite(p.tpot_s) else None,
                 }
                 for p in self.predictions
             ],
         }
+
+
+def _finite(values: dict[str, float]) -> dict[str, float | None]:
+    """``values`` with inf and NaN as ``None`` (JSON has neither)."""
+    return {k: v if math.isfinite(v) else None for k, v in values.items()}

@@ -65,9 +65,10 @@ def _post(base: str, key: str, max_tokens: int) -> int:
 
 
 def _model(base: str) -> dict:
-    """The model's part of /admin/state ({} when the router, busy with the flood, sheds the call)."""
+    """The model's part of /admin/state ({"error": ...} when the router, busy with the flood, sheds
+    the call or fails it)."""
     r = httpx.get(f"{base}/admin/state", headers=ADMIN, timeout=30)
-    return r.json()["models"][MODEL] if r.status_code == 200 else {}
+    return r.json()["models"][MODEL] if r.status_code == 200 else {"error": (r.status_code, r.text[:200])}
 
 
 def _decision(base: str) -> dict | None:
@@ -114,14 +115,18 @@ def test_over_share_batch_backlog_holds_and_an_interactive_burst_scales_up(sla_a
     try:
         moved: list[dict] = []  # kept from the poll that saw it: a later /admin/state call may be shed
 
+        polls: list[tuple] = []  # (s since the flood, running, the decision or the error), for the message
+
         def scaled() -> bool:  # the decision that moved the count, not the holds after it
-            d = _decision(sla_app)
+            model, running = _model(sla_app), _running()
+            d = model.get("autoscaling")
+            polls.append((round(time.time() - flooded_at, 1), running, d and d["reason"], model.get("error")))
             change = (d or {}).get("last_change") or {}
             if change.get("desired") == 2:
                 moved[:] = [change]
-            return _running() == 2 and bool(moved)
+            return running == 2 and bool(moved)
 
-        assert wait_until(scaled, timeout_s=180, interval_s=0.5), _decision(sla_app)
+        assert wait_until(scaled, timeout_s=180, interval_s=0.5), polls[:3] + polls[-3:]
         change = moved[0]
         assert change["reason"].startswith("up") and "interactive" in change["reason"], change
         metrics = httpx.get(f"{sla_app}/metrics", headers=ADMIN, timeout=10).text

@@ -203,3 +203,18 @@ def test_one_fewer_that_leaves_more_queued_is_worse_even_where_both_miss_alike()
     queue = [interactive(work(rate=2 * PER_REPLICA, waiting=2_000))]
     at = {n: predict(queue, pool(n), SHAPE, n, horizon_s=10.0).backlog_s["interactive"] for n in (2, 3)}
     assert at[3] < at[2] and at[3] > 0
+
+
+def test_a_decision_whose_backlog_outlasts_the_horizon_is_strict_json() -> None:
+    # A within-share backlog no count drains within the horizon predicts an infinite TTFT. The
+    # decision goes to the board and /admin/state as JSON, which has no inf: there it is None (an
+    # inf once turned every /admin/state call into an error for as long as the backlog lasted).
+    import json
+    import math
+
+    backlog = interactive(work(rate=50 * PER_REPLICA, waiting=20_000))
+    d = decide([backlog], pool(1), SHAPE, CFG)
+    assert any(math.isinf(t) for p in d.predictions for t in p.ttft_s.values())
+    published = json.loads(json.dumps(d.as_dict(), allow_nan=False))
+    assert None in (p["ttft_s"]["interactive"] for p in published["predictions"])
+    assert published["desired"] == d.desired
