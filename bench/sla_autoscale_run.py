@@ -169,7 +169,11 @@ class Sampler:
         except Exception as exc:  # Serve busy: the next sample reads it
             sample["serve_error"] = repr(exc)
         try:
-            state = client.get(f"{self.url}/admin/state").json()
+            answer = client.get(f"{self.url}/admin/state")
+            if answer.status_code != 200:  # said as it came: a 400 once read as a shed sample
+                sample["state_error"] = f"{answer.status_code} {answer.text[:200]}"
+                return sample
+            state = answer.json()
             sample["decision"] = state["models"][self.model].get("autoscaling")
             loads = state.get("replica_loads", {})
             sample["starts"] = {
