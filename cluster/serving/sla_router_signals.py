@@ -3,9 +3,10 @@
 Every monitor poll (``load_poll_interval_s``) the router notes each request it has seen arrive in
 the last ``window_s``: those waiting in the model's fair queue (their arrival, prompt and
 max_tokens) and those that ended (the timing records, newest first, for requests dispatched before a
-poll saw them wait; their output stands in for max_tokens). Per tenant that gives the rate, its
-trend (the window's second half against its first), the fair-share demand (the window's arrivals,
-plus what still waits from before it) and the mean lengths; the queue gives what waits now.
+poll saw them wait; their output stands in for max_tokens). Per tenant that gives the rate and its
+trend (``sla_rate``: over the span its arrivals cover, beyond Poisson noise), the fair-share demand
+(the window's arrivals, plus what still waits from before it) and the mean lengths; the queue gives
+what waits now.
 ``sla_share.class_loads`` splits them by fair share at the bound, with the median TTFT and TPOT of
 the class's requests that ended in the window; the result goes on the board (``sla_board.py``).
 
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from cluster.serving.sla_capacity import ReplicaShape
 from cluster.serving.sla_policy import SlaPolicyConfig, bound
+from cluster.serving.sla_rate import rate_trend
 from cluster.serving.sla_share import TenantLoad, class_loads
 from cluster.serving.sla_signals import ClassLoad
 from cluster.telemetry.request_timing import RequestTiming
@@ -57,7 +59,7 @@ class ArrivalLog:
     def tenants(
         self, waiting: Sequence[QueuedRequest], tenancy: TenancyConfig, now: float
     ) -> list[TenantLoad]:
-        w, half = self.window_s, self.window_s / 2
+        w = self.window_s
         by: dict[str, list[Seen]] = {}
         for s in self._seen.values():
             by.setdefault(s.tenant_id, []).append(s)
@@ -75,22 +77,23 @@ class ArrivalLog:
             # demand, so all of its backlog counted within share and bought replicas.
             backlog = sum(r.prompt_tokens + 2 * r.max_tokens for r in q if r.arrival < now - w)
             n = max(len(seen), 1)
-            early = sum(1 for s in seen if s.arrival < now - half)
-            slope = ((len(seen) - early) - early) / half / half
+            trend = rate_trend([s.arrival for s in seen], now, w)
             out.append(
                 TenantLoad(
                     tid,
                     tenant.sla_class,
                     tenant.weight,
                     demand=(sum(s.prompt + 2 * s.output for s in seen) + backlog) / w,
-                    rate_rps=max(0.0, len(seen) / w + slope * half),  # the trend's value now
-                    rate_slope=slope,
+                    rate_rps=trend.rate_rps,
+                    rate_slope=trend.slope,
                     mean_prompt_tokens=sum(s.prompt for s in seen) / n,
                     mean_output_tokens=sum(s.output for s in seen) / n,
                     waiting_requests=len(q),
                     waiting_prompt_tokens=sum(r.prompt_tokens for r in q),
                     waiting_output_tokens=sum(r.max_tokens for r in q),
-                    window_rate_rps=len(seen) / w,
+                    window_rate_rps=trend.window_rate_rps,
+                    trend_rps=trend.trend_rps,
+                    slope_var=trend.slope_var,
                 )
             )
         return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cluster.serving.sla_rate import RateTrend, class_rate
 from cluster.serving.sla_signals import ClassLoad, Work
 
 
@@ -37,6 +38,10 @@ class TenantLoad:
     waiting_prompt_tokens: float = 0.0
     waiting_output_tokens: float = 0.0
     window_rate_rps: float = 0.0  # the window's mean (``rate_rps`` is the trend's value now)
+    # How ``sla_rate.class_rate`` judges the trend: its part of ``rate_rps`` and its Poisson
+    # variance (0: the slope is taken as it is)
+    trend_rps: float = 0.0
+    slope_var: float = 0.0
 
 
 def water_level(demand: Sequence[float], weight: Sequence[float], capacity: float) -> float:
@@ -109,18 +114,28 @@ def class_loads(
 
 
 def _sum(parts: list[tuple[TenantLoad, float]]) -> Work:
-    rate = sum(t.rate_rps * f for t, f in parts)
+    readings = [
+        (RateTrend(t.rate_rps, t.rate_slope, t.window_rate_rps, t.trend_rps, t.slope_var), f)
+        for t, f in parts
+    ]
+    both = class_rate(readings)
+
+    weight = sum(t.rate_rps * f for t, f in parts)
 
     def mean(attr: str) -> float:
-        return sum(getattr(t, attr) * t.rate_rps * f for t, f in parts) / rate if rate > 0 else 0.0
+        return sum(getattr(t, attr) * t.rate_rps * f for t, f in parts) / weight if weight > 0 else 0.0
 
     return Work(
         sum(t.waiting_requests * f for t, f in parts),
         sum(t.waiting_prompt_tokens * f for t, f in parts),
         sum(t.waiting_output_tokens * f for t, f in parts),
-        rate,
-        sum(t.rate_slope * f for t, f in parts),
+        both.rate_rps,
+        both.slope,
         mean("mean_prompt_tokens"),
         mean("mean_output_tokens"),
         sum(t.window_rate_rps * f for t, f in parts),
     )
+
+
+def _reading(t: TenantLoad) -> RateTrend:
+    return RateTrend(t.rate_rps, t.rate_slope, t.window_rate_rps, t.trend_rps, t.slope_var)

@@ -18,6 +18,7 @@ import numpy as np
 
 from cluster.serving.sla_capacity import ReplicaShape
 from cluster.serving.sla_policy import DelayGate, SlaPolicyConfig, bound, decide
+from cluster.serving.sla_rate import rate_trend
 from cluster.serving.sla_share import TenantLoad, class_loads
 from cluster.serving.sla_signals import ClassLoad, Decision, PoolState
 from loadtest.sim.events import EventLoop
@@ -106,10 +107,9 @@ class SlaAutoscaler:
 
     def _tenants(self, now: float) -> list[TenantLoad]:
         t, w, n = self._trace, self._s.window_s, len(self._ids)
-        win, first = self._window(now - w, now), self._window(now - w, now - w / 2)
-        who = t.tenant[win]
+        win = self._window(now - w, now)
+        who, arrived = t.tenant[win], t.arrival[win]
         count = np.bincount(who, minlength=n)
-        early = np.bincount(t.tenant[first], minlength=n)
         demand = np.bincount(who, weights=self._cost[win], minlength=n) / w
         prompt = np.bincount(who, weights=t.prompt[win], minlength=n)
         output = np.bincount(who, weights=t.max_tokens[win], minlength=n)
@@ -117,22 +117,23 @@ class SlaAutoscaler:
         out = []
         for k in np.flatnonzero((count > 0) | (waiting[0] > 0)):
             c = max(int(count[k]), 1)
-            slope = ((count[k] - early[k]) - early[k]) / (w / 2) / (w / 2)
-            rate = max(0.0, count[k] / w + slope * w / 2)  # the linear trend's value now, not at mid-window
+            trend = rate_trend(arrived[who == k].tolist(), now, w)  # as the router reads it
             out.append(
                 TenantLoad(
                     self._ids[k],
                     self._class_names[k],
                     float(self._weights[k]),
                     float(demand[k]),
-                    float(rate),
-                    float(slope),
+                    trend.rate_rps,
+                    trend.slope,
                     prompt[k] / c,
                     output[k] / c,
                     float(waiting[0][k]),
                     float(waiting[1][k]),
                     float(waiting[2][k]),
-                    count[k] / w,
+                    trend.window_rate_rps,
+                    trend.trend_rps,
+                    trend.slope_var,
                 )
             )
         return out
