@@ -21,6 +21,7 @@ from cluster.edge.adapter_admin import AdapterAdmin, AdapterRegistration, card, 
 from cluster.edge.answers import answer
 from cluster.edge.body_limit import BodyLimit
 from cluster.edge.early_abort import record_client_gone
+from cluster.edge.finite_json import FiniteJSON
 from cluster.edge.model_jobs import job_builders
 from cluster.edge.openai_schemas import ChatCompletionRequest, CompletionRequest
 from cluster.edge.prompt_batch import open_all
@@ -368,7 +369,7 @@ class Ingress:
     def _admin(self, request: Request, action) -> Response:
         try:
             self._check_admin(request)
-            return JSONResponse(action())
+            return FiniteJSON(action())
         except Exception as exc:
             return error_response(exc)
 

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from weakref import WeakKeyDictionary
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from cluster.config import AppConfig
+from cluster.edge.finite_json import FiniteJSON
 from cluster.edge.tenant_views import sla_report, usage
 from cluster.edge.view_flush import FlushOutcome, ViewFlush
 from cluster.errors import classify
@@ -95,7 +96,7 @@ async def sla(
         except Exception as exc:  # the database away: this router's memory, said so
             log.warning("ledger report failed (%s); answering from memory", type(exc).__name__)
     body = sla_report(recorder, core.tenancy.config, tenant_id, model_pricing(core))
-    return JSONResponse(body | {"source": "memory", "ledger": ledger.state if ledger else "off"})
+    return FiniteJSON(body | {"source": "memory", "ledger": ledger.state if ledger else "off"})
 
 
 async def usage_answer(
@@ -118,8 +119,8 @@ async def usage_answer(
     records = core.recorder.records()
     tenants = [tenant_id] if tenant_id else sorted({r.tenant_id for r in records})
     if tenant_id:
-        return JSONResponse(usage(records, tenant_id) | {"source": "memory"})
-    return JSONResponse({"tenants": [usage(records, t) for t in tenants], "source": "memory"})
+        return FiniteJSON(usage(records, tenant_id) | {"source": "memory"})
+    return FiniteJSON({"tenants": [usage(records, t) for t in tenants], "source": "memory"})
 
 
 async def _flush(ledger: RouterLedger, tenant_id: str | None) -> FlushOutcome:
@@ -155,7 +156,7 @@ async def _sla_answer(
     """On the ledger's thread: the SLA report and its JSON."""
     report, method = await ledger_sla(store, config, rng, app, tenant_id)
     where = {"source": "ledger", "from": rng.start, "to": rng.end, "router": router, "percentiles": method}
-    return JSONResponse(report.to_dict() | where | _flush_note(flushed))
+    return FiniteJSON(report.to_dict() | where | _flush_note(flushed))
 
 
 async def _usage_answer(
@@ -175,4 +176,4 @@ async def _usage_answer(
         return Response(usage_csv(results), media_type="text/csv")
     page = usage_page(results, outcomes, rng, width)
     where = {"tenant_id": tenant_id or "*", "source": "ledger", "router": router}
-    return JSONResponse(page | where | _flush_note(flushed))
+    return FiniteJSON(page | where | _flush_note(flushed))

@@ -8,9 +8,9 @@ the halves' difference has variance ``n``, so a clump reads as a slope: on the s
 one-card run (a steady load at a third of one replica, a 46-s start) the slope alone asked for more
 replicas in 269 of 2,400 decisions (``tests/cluster/serving/test_sla_rate.py``). A class keeps its
 summed trend only where it stands out of the summed noise by ``Z`` standard deviations; else it
-reads no trend, and each tenant at its window's mean: 2 of the 2,400 then, and on the simulated day
-interactive attainment 0.9907 → 0.9920 at 9.57 → 9.30 replica-hours. Judged per class, not per tenant: a flash crowd of many tenants each too sparse to show a
-trend is one in their sum.
+reads no trend, and each tenant at its window's mean: 2 of the 2,400 then, and on the simulated
+day interactive attainment 0.9907 → 0.9920 at 9.57 → 9.30 replica-hours. Judged per class, not
+per tenant: a flash crowd of many tenants each too sparse to show a trend is one in their sum.
 
 Not done here: an onset (a tenant or class that began inside the window) still reads as a ramp.
 Read as a level instead, the simulated day's start (a cold cluster, every tenant arriving at once)
