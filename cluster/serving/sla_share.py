@@ -114,12 +114,7 @@ def class_loads(
 
 
 def _sum(parts: list[tuple[TenantLoad, float]]) -> Work:
-    readings = [
-        (RateTrend(t.rate_rps, t.rate_slope, t.window_rate_rps, t.trend_rps, t.slope_var), f)
-        for t, f in parts
-    ]
-    both = class_rate(readings)
-
+    both = class_rate([(_reading(t), f) for t, f in parts])
     weight = sum(t.rate_rps * f for t, f in parts)
 
     def mean(attr: str) -> float:
